@@ -1,0 +1,24 @@
+"""`specmesh serve draft`: the drafters behind the Draft service."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from specmesh.config import DraftConfig
+from specmesh.server import EngineHost, ServiceRuntime
+from specmesh.v1 import draft_pb2_grpc
+from draft_service.engine import DraftEngine
+from draft_service.servicer import SERVICE_NAME, DraftServicer
+
+log = logging.getLogger("specmesh.draft")
+
+
+async def serve(config: DraftConfig) -> None:
+    runtime = ServiceRuntime([SERVICE_NAME], config.port)
+    host = EngineHost("draft model")
+    servicer = DraftServicer(host)
+    await runtime.start(lambda server: draft_pb2_grpc.add_DraftServicer_to_server(servicer, server))
+    host.engine = await asyncio.to_thread(DraftEngine.from_config, config)
+    await runtime.set_serving(True)
+    log.info("draft SERVING on port %d (drafters: %s)", runtime.port, ", ".join(sorted(host.engine.drafters)))
+    await runtime.run_until_stopped()

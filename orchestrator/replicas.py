@@ -1,0 +1,118 @@
+"""Draft and verifier replicas, and calls that survive losing one.
+
+Each tier is a pool of addresses given by configuration. A session sticks to
+the replica named in its handle (its KV cache is there); a new session goes to
+the replica with the fewest calls in flight. When a replica is unreachable, or
+answers "cache miss" (restarted, evicted), the call is repeated with the whole
+committed sequence (start = 0) on a live replica: the cache is rebuilt and,
+since every random draw derives from (seed, position), the output is unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Generic, Sequence, TypeVar
+
+import grpc
+
+from specmesh.errors import ServiceError, Unavailable, is_cache_miss
+from orchestrator.sessions import Handle
+
+log = logging.getLogger("specmesh.orchestrator")
+
+S = TypeVar("S")
+R = TypeVar("R")
+
+# Statuses that mean "this replica cannot help now", not "this request is bad".
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+
+
+class RemoteError(ServiceError):
+    """A draft or verifier error passed through to the client with its status."""
+
+    def __init__(self, tier: str, error: grpc.aio.AioRpcError):
+        super().__init__(f"{tier}: {error.details()}")
+        self.code = error.code()
+
+
+@dataclass
+class Replica(Generic[S]):
+    address: str
+    channel: grpc.aio.Channel
+    stub: S
+    in_flight: int = 0
+    down_until: float = 0.0
+
+
+@dataclass
+class ReplicaPool(Generic[S]):
+    tier: str
+    replicas: list[Replica[S]]
+    cooldown_s: float = 2.0
+    _by_address: dict[str, Replica[S]] = field(init=False)
+
+    def __post_init__(self):
+        self._by_address = {r.address: r for r in self.replicas}
+
+    @classmethod
+    def connect(cls, tier: str, addresses: Sequence[str], stub_cls: Callable[[grpc.aio.Channel], S],
+                interceptors=()) -> "ReplicaPool[S]":
+        if not addresses:
+            raise ValueError(f"no {tier} replica addresses configured")
+        replicas = []
+        for address in addresses:
+            channel = grpc.aio.insecure_channel(address, interceptors=list(interceptors))
+            replicas.append(Replica(address, channel, stub_cls(channel)))
+        return cls(tier, replicas)
+
+    def pick(self, preferred: str = "", exclude: set[str] = frozenset()) -> Replica[S]:
+        now = time.monotonic()
+        live = [r for r in self.replicas if r.address not in exclude and r.down_until <= now]
+        if not live:
+            raise Unavailable(f"no {self.tier} replica is reachable ({', '.join(self._by_address)})")
+        for r in live:
+            if r.address == preferred:
+                return r
+        return min(live, key=lambda r: r.in_flight)
+
+    def mark_down(self, replica: Replica[S]) -> None:
+        replica.down_until = time.monotonic() + self.cooldown_s
+
+    async def call(self, handle: Handle, committed: Sequence[int],
+                   rpc: Callable[[Replica[S], int], Awaitable[R]]) -> tuple[Replica[S], R]:
+        """Run `rpc(replica, start)` on the handle's replica, repairing on failure.
+
+        `rpc` sends committed[start:] as the cache sync. Returns the replica that
+        answered; the caller updates the handle from the reply.
+        """
+        tried: set[str] = set()
+        preferred, start = handle.replica, handle.cached_len
+        for _ in range(2 * len(self.replicas) + 1):
+            replica = self.pick(preferred, tried)
+            if replica.address != handle.replica:
+                start = 0
+            replica.in_flight += 1
+            try:
+                return replica, await rpc(replica, start)
+            except grpc.aio.AioRpcError as error:
+                if is_cache_miss(error):
+                    log.info("%s %s: cache miss, re-sending %d tokens", self.tier, replica.address, len(committed))
+                    preferred, start = replica.address, 0
+                    handle = Handle(replica.address, handle.cache_id, 0)
+                    continue
+                if error.code() in _RETRYABLE:
+                    log.warning("%s %s unreachable (%s); trying another replica", self.tier, replica.address,
+                                error.code().name)
+                    self.mark_down(replica)
+                    tried.add(replica.address)
+                    preferred = ""
+                    continue
+                raise RemoteError(self.tier, error) from error
+            finally:
+                replica.in_flight -= 1
+        raise Unavailable(f"no {self.tier} replica could serve the call")
+
+    async def close(self) -> None:
+        for r in self.replicas:
+            await r.channel.close()

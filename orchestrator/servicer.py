@@ -1,0 +1,71 @@
+"""gRPC edge of the orchestrator: the public API. Decode, run, encode."""
+from __future__ import annotations
+
+import asyncio
+
+from orchestrator.decode import Chunk, Decoder
+from orchestrator.requests import Limits, tokenize_prompt, validate
+from orchestrator.sessions import SessionStore
+from specmesh.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+SERVICE_NAME = "specmesh.v1.Orchestrator"
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
+    def __init__(self, sessions: SessionStore, max_active_sessions: int):
+        self.sessions = sessions
+        self.max_active_sessions = max_active_sessions
+        self.decoder: Decoder | None = None   # set once the replicas have answered
+        self.limits: Limits | None = None
+        self.active = 0
+
+    async def Generate(self, request, context):
+        if self.decoder is None or self.limits is None:
+            raise Unavailable("the orchestrator is still connecting to its draft and verifier replicas")
+        if self.active >= self.max_active_sessions:
+            raise ResourceExhausted(f"{self.active} sessions are running, the limit is {self.max_active_sessions}")
+        prompt_ids = await asyncio.to_thread(tokenize_prompt, request, self.decoder.tokenizer)
+        generation = validate(request, prompt_ids, self.limits)
+        self.active += 1
+        try:
+            first = True
+            async for chunk in self.decoder.run(generation):
+                yield _chunk_to_pb(chunk, generation if first else None)
+                first = False
+        finally:
+            self.active -= 1
+
+    async def GenerateUnary(self, request, context):
+        reply = orchestrator_pb2.GenerateResponse()
+        async for chunk in self.Generate(request, context):
+            reply.session_id = chunk.session_id
+            reply.seed = reply.seed or chunk.seed
+            reply.text += chunk.text
+            reply.token_ids.extend(chunk.token_ids)
+            reply.finish_reason = chunk.finish_reason
+            reply.stats.CopyFrom(chunk.stats)
+        return reply
+
+    async def Cancel(self, request, context):
+        if not request.session_id:
+            raise InvalidArgument("session_id", "must not be empty")
+        if not await self.sessions.cancel(request.session_id):
+            raise NotFound(f"no session {request.session_id!r} (finished, expired or never started)")
+        return orchestrator_pb2.CancelResponse()
+
+
+def _chunk_to_pb(chunk: Chunk, first=None) -> orchestrator_pb2.GenerateChunk:
+    s = chunk.stats
+    msg = orchestrator_pb2.GenerateChunk(
+        session_id=chunk.session_id, text=chunk.text, token_ids=chunk.token_ids, finish_reason=chunk.finish_reason,
+        step=orchestrator_pb2.StepStats(draft_tokens=chunk.draft_tokens, accepted_tokens=chunk.accepted_tokens,
+                                        bonus=chunk.bonus),
+        stats=orchestrator_pb2.GenerateStats(
+            steps=s.steps, draft_tokens=s.draft_tokens, accepted_tokens=s.accepted_tokens,
+            generated_tokens=s.generated_tokens, prompt_tokens=s.prompt_tokens, acceptance_rate=s.acceptance_rate,
+            mean_accepted_per_step=s.mean_accepted_per_step, tokens_per_second=s.tokens_per_second,
+            time_to_first_token_s=s.time_to_first_token_s, elapsed_s=s.elapsed_s))
+    if first is not None:
+        msg.seed, msg.drafter, msg.k = first.seed, first.drafter, first.k
+    return msg

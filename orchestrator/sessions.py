@@ -1,0 +1,156 @@
+"""Session state in Redis: what it takes to rebuild any cache, and where the caches are.
+
+Per session, two keys sharing a hash tag (so Redis Cluster keeps them on one slot):
+
+    specmesh:session:{ID}   hash: prompt_len, params (JSON), seed, step, status,
+                            draft_handle, verifier_handle (JSON), created_ms
+    specmesh:tokens:{ID}    string: committed token ids, int32 little-endian
+
+Every change goes through a Lua script, so it is atomic: `commit` appends a
+step's tokens only if the committed length is what the caller last saw, and
+reports a cancellation set meanwhile by `cancel` (from any orchestrator
+replica) in the same round trip. Both keys carry the session TTL, refreshed on
+every commit, so an abandoned session disappears on its own.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import asdict, dataclass
+
+import redis.asyncio as redis
+
+from specmesh.errors import AlreadyExists, NotFound, ServiceError
+
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
+
+# ARGV: ttl, expected committed length, new token bytes, step, draft handle, verifier handle
+_COMMIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('HGET', KEYS[1], 'status') == 'cancelled' then return -2 end
+if redis.call('STRLEN', KEYS[2]) ~= 4 * tonumber(ARGV[2]) then return -3 end
+local length = redis.call('APPEND', KEYS[2], ARGV[3]) / 4
+redis.call('HSET', KEYS[1], 'step', ARGV[4], 'draft_handle', ARGV[5], 'verifier_handle', ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return length
+"""
+
+_CANCEL = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'cancelled')
+return 1
+"""
+
+
+@dataclass
+class Handle:
+    """Where a session's cache lives on one tier: replica, cache id, and how many
+    committed tokens that cache holds (the next call's CacheSync.start)."""
+
+    replica: str = ""
+    cache_id: str = ""
+    cached_len: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Handle":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class SessionRecord:
+    session_id: str
+    tokens: list[int]
+    prompt_len: int
+    params: dict
+    seed: int
+    step: int
+    status: str
+    draft_handle: Handle
+    verifier_handle: Handle
+    ttl_s: int
+
+
+class CommitConflict(ServiceError):
+    """Another writer changed the session: two streams must not drive one session."""
+
+
+def pack(tokens: list[int]) -> bytes:
+    return struct.pack(f"<{len(tokens)}i", *tokens)
+
+
+def unpack(data: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(data) // 4}i", data))
+
+
+class SessionStore:
+    def __init__(self, client: redis.Redis, ttl_s: int, prefix: str = "specmesh"):
+        self.client = client
+        self.ttl_s = ttl_s
+        self.prefix = prefix
+        self._create = client.register_script(_CREATE)
+        self._commit = client.register_script(_COMMIT)
+        self._cancel = client.register_script(_CANCEL)
+
+    @classmethod
+    def from_url(cls, url: str, ttl_s: int) -> "SessionStore":
+        return cls(redis.Redis.from_url(url), ttl_s)
+
+    def keys(self, session_id: str) -> list[str]:
+        return [f"{self.prefix}:session:{{{session_id}}}", f"{self.prefix}:tokens:{{{session_id}}}"]
+
+    async def create(self, session_id: str, prompt: list[int], params: dict, seed: int) -> None:
+        fields = {"prompt_len": len(prompt), "params": json.dumps(params), "seed": seed, "step": 0,
+                  "status": "running", "draft_handle": Handle().to_json(), "verifier_handle": Handle().to_json(),
+                  "created_ms": int(time.time() * 1000)}
+        flat = [item for pair in fields.items() for item in pair]
+        if not await self._create(keys=self.keys(session_id), args=[self.ttl_s, pack(prompt), *flat]):
+            raise AlreadyExists(f"session {session_id} already exists")
+
+    async def commit(self, session_id: str, expected_len: int, new_tokens: list[int], step: int,
+                     draft: Handle, verifier: Handle) -> str:
+        """Append a step's committed tokens; returns "running" or "cancelled"."""
+        result = await self._commit(keys=self.keys(session_id),
+                                    args=[self.ttl_s, expected_len, pack(new_tokens), step,
+                                          draft.to_json(), verifier.to_json()])
+        if result == -1:
+            raise NotFound(f"session {session_id} expired or was released")
+        if result == -3:
+            raise CommitConflict(f"session {session_id} was changed by another writer")
+        return "cancelled" if result == -2 else "running"
+
+    async def cancel(self, session_id: str) -> bool:
+        return bool(await self._cancel(keys=self.keys(session_id)))
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        key, tokens_key = self.keys(session_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            fields, tokens, ttl = await pipe.hgetall(key).get(tokens_key).ttl(key).execute()
+        if not fields:
+            return None
+        f = {k.decode(): v for k, v in fields.items()}
+        return SessionRecord(session_id=session_id, tokens=unpack(tokens or b""), prompt_len=int(f["prompt_len"]),
+                             params=json.loads(f["params"]), seed=int(f["seed"]), step=int(f["step"]),
+                             status=f["status"].decode(), draft_handle=Handle.from_json(f["draft_handle"]),
+                             verifier_handle=Handle.from_json(f["verifier_handle"]), ttl_s=int(ttl))
+
+    async def release(self, session_id: str) -> bool:
+        return bool(await self.client.delete(*self.keys(session_id)))
+
+    async def count(self) -> int:
+        """Sessions currently stored (a SCAN: for metrics and tests, not the hot path)."""
+        n = 0
+        async for _ in self.client.scan_iter(match=f"{self.prefix}:session:*", count=500):
+            n += 1
+        return n

@@ -1,0 +1,213 @@
+"""The `specmesh` command.
+
+    specmesh up                      all three services + Redis on this machine
+    specmesh demo [PROMPT]           up, stream one answer with its stats, shut down
+    specmesh serve draft|verifier|orchestrator    one tier alone
+    specmesh generate PROMPT         stream a completion from a running orchestrator
+    specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from specmesh import logs
+
+log = logging.getLogger("specmesh.cli")
+
+
+def _add_model_flags(p: argparse.ArgumentParser, draft: bool = True) -> None:
+    p.add_argument("--model", default=None, help="target model: 'smollm2' (default, embedded), an HF folder or hub id, "
+                                                "or a .gguf file [SPECMESH_MODEL]")
+    if draft:
+        p.add_argument("--draft-model", default=None, help="draft model sharing the target's vocabulary; without one "
+                                                          "the n-gram drafter is used [SPECMESH_DRAFT_MODEL]")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specmesh", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run Redis, draft, verifier and orchestrator as separate processes")
+    up.add_argument("--port", type=int, default=50051, help="orchestrator port (default 50051)")
+    up.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
+                    help="use this Redis instead of starting one [REDIS_URL]")
+    _add_model_flags(up)
+
+    demo = sub.add_parser("demo", help="up, then stream one answer and its stats, then shut down")
+    demo.add_argument("prompt", nargs="?", default="Summarize in two sentences why the sky is blue: sunlight is "
+                      "scattered by the molecules of the air, and blue light is scattered more than red light "
+                      "because it has a shorter wavelength.")
+    demo.add_argument("--port", type=int, default=50051)
+    demo.add_argument("--max-new-tokens", type=int, default=96)
+    demo.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+    _add_model_flags(demo)
+
+    serve = sub.add_parser("serve", help="run one tier")
+    tiers = serve.add_subparsers(dest="tier", required=True)
+    d = tiers.add_parser("draft", help="the draft service [port 50061]")
+    d.add_argument("--port", type=int)
+    d.add_argument("--draft-model", default=None, help="[SPECMESH_DRAFT_MODEL]")
+    d.add_argument("--device", default=None, help="cpu or cuda [SPECMESH_DEVICE]")
+    d.add_argument("--max-k", type=int, help="[SPECMESH_MAX_K]")
+    d.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
+    d.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
+    v = tiers.add_parser("verifier", help="the verifier service [port 50062]")
+    v.add_argument("--port", type=int)
+    v.add_argument("--model", default=None, help="[SPECMESH_MODEL]")
+    v.add_argument("--device", default=None, help="cpu or cuda [SPECMESH_DEVICE]")
+    v.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 [SPECMESH_DTYPE]")
+    v.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
+    o = tiers.add_parser("orchestrator", help="the public API [port 50051]")
+    o.add_argument("--port", type=int)
+    o.add_argument("--model", default=None, help="the target's tokenizer [SPECMESH_MODEL]")
+    o.add_argument("--draft-addrs", default=None, help="comma-separated draft replicas [SPECMESH_DRAFT_ADDRS]")
+    o.add_argument("--verifier-addrs", default=None, help="comma-separated verifier replicas [SPECMESH_VERIFIER_ADDRS]")
+    o.add_argument("--redis-url", default=None, help="[REDIS_URL]")
+    o.add_argument("--session-ttl-s", type=int, help="[SPECMESH_SESSION_TTL_S]")
+    o.add_argument("--default-k", type=int, help="[SPECMESH_DEFAULT_K]")
+    o.add_argument("--max-k", type=int, help="[SPECMESH_MAX_K]")
+    o.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
+    o.add_argument("--draft-top-n", type=int, help="truncate each proposal q to this many tokens [SPECMESH_DRAFT_TOP_N]")
+    o.add_argument("--max-active-sessions", type=int, help="[SPECMESH_MAX_ACTIVE_SESSIONS]")
+
+    g = sub.add_parser("generate", help="stream a completion from a running orchestrator")
+    g.add_argument("prompt")
+    g.add_argument("--addr", default="localhost:50051")
+    g.add_argument("--max-new-tokens", type=int, default=None)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--k", type=int, default=None, help="draft tokens per step; 0 = target-only decoding")
+    g.add_argument("--drafter", default="", help="ngram, model, ... (default: the server's)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+
+    b = sub.add_parser("bench", help="speedup over target-only decoding on Spec-Bench prompts")
+    from specmesh import bench
+
+    bench.add_arguments(b)
+    return parser
+
+
+def _serve(args) -> None:
+    from specmesh import config as cfg
+
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "tier")}
+    if args.tier == "draft":
+        from draft_service.server import serve
+
+        config = cfg.from_env(cfg.DraftConfig, overrides)
+    elif args.tier == "verifier":
+        from verifier_service.server import serve
+
+        config = cfg.from_env(cfg.VerifierConfig, overrides)
+    else:
+        from orchestrator.server import serve
+
+        config = cfg.from_env(cfg.OrchestratorConfig, overrides)
+    asyncio.run(serve(config))
+
+
+def _generate(args) -> int:
+    import grpc
+
+    from specmesh.client import Client, Completion, build_request
+
+    request = build_request(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                            k=args.k, drafter=args.drafter, stop=args.stop)
+    completion = Completion()
+    try:
+        with Client(args.addr) as client:
+            for chunk in client.stream(request):
+                completion.add(chunk)
+                if not args.json and chunk.text:
+                    print(chunk.text, end="", flush=True)
+    except grpc.RpcError as error:
+        print(f"\nerror: {error.code().name}: {error.details()}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(completion.as_dict()))
+    else:
+        print()
+        print(summary(completion), file=sys.stderr)
+    return 0
+
+
+def summary(c) -> str:
+    s = c.stats
+    return (f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tokens/s, finish: {c.finish_reason}, "
+            f"drafter: {c.drafter}, k: {c.k}, steps: {s.steps}, acceptance rate: {s.acceptance_rate:.2f}, "
+            f"mean accepted tokens per step: {s.mean_accepted_per_step:.2f}, ttft: {s.time_to_first_token_s:.2f} s]")
+
+
+def _up(args, demo_prompt: str | None = None, max_new_tokens: int = 96) -> int:
+    from specmesh.launcher import Cluster
+
+    cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("starting verifier and draft services (first start converts the default model: ~25 s)")
+    try:
+        cluster.start()
+    except Exception as error:  # noqa: BLE001 - tell the person, not a traceback
+        log.error("start-up failed: %s", error)
+        return 1
+    try:
+        print(f"specmesh orchestrator SERVING at {cluster.address}", flush=True)
+        if demo_prompt is not None:
+            from specmesh.client import Client, Completion, build_request
+
+            print(f"\n> {demo_prompt}\n", flush=True)
+            completion = Completion()
+            with Client(cluster.address) as client:
+                for chunk in client.stream(build_request(demo_prompt, chat=True, max_new_tokens=max_new_tokens)):
+                    completion.add(chunk)
+                    print(chunk.text, end="", flush=True)
+            print("\n\n" + summary(completion), flush=True)
+            return 0
+        print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"  "
+              "(Ctrl-C stops everything)", flush=True)
+        while not stop.wait(1.0):
+            dead = [t for t, p in cluster.processes.items() if p.poll() is not None]
+            if dead:
+                log.error("%s exited; shutting down", ", ".join(dead))
+                return 1
+        return 0
+    finally:
+        codes = cluster.stop()
+        log.info("all services stopped (exit codes: %s)", codes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logs.setup(args.command if args.command != "serve" else args.tier)
+    if args.command == "serve":
+        _serve(args)
+        return 0
+    if args.command == "generate":
+        return _generate(args)
+    if args.command == "up":
+        return _up(args)
+    if args.command == "demo":
+        return _up(args, demo_prompt=args.prompt, max_new_tokens=args.max_new_tokens)
+    if args.command == "bench":
+        from specmesh import bench
+
+        return bench.run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""A small client for the public API: what `specmesh generate`, the benchmark
+and the tests use, and an example for callers in other services."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import grpc
+
+from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc, sampling_pb2
+
+
+def build_request(prompt: str | Sequence[int], *, chat: bool = False, max_new_tokens: int | None = None,
+                  temperature: float = 0.0, top_k: int = 0, top_p: float | None = None, seed: int | None = None,
+                  k: int | None = None, drafter: str = "", stop: Sequence[str] = (),
+                  session_id: str = "") -> orchestrator_pb2.GenerateRequest:
+    request = orchestrator_pb2.GenerateRequest(drafter=drafter, stop=list(stop), session_id=session_id,
+                                               sampling=sampling_pb2.SamplingParams(temperature=temperature,
+                                                                                    top_k=top_k))
+    if isinstance(prompt, str):
+        if chat:
+            request.chat.messages.add(role="user", content=prompt)
+        else:
+            request.text = prompt
+    else:
+        request.tokens.token_ids.extend(prompt)
+    if top_p is not None:
+        request.sampling.top_p = top_p
+    if max_new_tokens is not None:
+        request.max_new_tokens = max_new_tokens
+    if seed is not None:
+        request.seed = seed
+    if k is not None:
+        request.k = k
+    return request
+
+
+@dataclass
+class Completion:
+    session_id: str = ""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    seed: int = 0
+    drafter: str = ""
+    k: int = 0
+    stats: orchestrator_pb2.GenerateStats | None = None
+    chunks: int = 0
+
+    def add(self, chunk: orchestrator_pb2.GenerateChunk) -> None:
+        if self.chunks == 0:
+            self.session_id, self.seed, self.drafter, self.k = chunk.session_id, chunk.seed, chunk.drafter, chunk.k
+        self.chunks += 1
+        self.text += chunk.text
+        self.token_ids.extend(chunk.token_ids)
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        self.stats = chunk.stats
+
+    def as_dict(self) -> dict:
+        s = self.stats
+        return {"session_id": self.session_id, "text": self.text, "token_ids": self.token_ids,
+                "finish_reason": self.finish_reason, "seed": self.seed, "drafter": self.drafter, "k": self.k,
+                "stats": {"steps": s.steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+                          "generated_tokens": s.generated_tokens, "prompt_tokens": s.prompt_tokens,
+                          "acceptance_rate": s.acceptance_rate, "mean_accepted_per_step": s.mean_accepted_per_step,
+                          "tokens_per_second": s.tokens_per_second, "time_to_first_token_s": s.time_to_first_token_s,
+                          "elapsed_s": s.elapsed_s}}
+
+
+class Client:
+    def __init__(self, address: str):
+        self.channel = grpc.insecure_channel(address)
+        self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
+
+    def stream(self, request: orchestrator_pb2.GenerateRequest, timeout: float | None = None
+               ) -> Iterator[orchestrator_pb2.GenerateChunk]:
+        return self.stub.Generate(request, timeout=timeout)
+
+    def generate(self, prompt, timeout: float | None = None, **kwargs) -> Completion:
+        completion = Completion()
+        for chunk in self.stream(build_request(prompt, **kwargs), timeout=timeout):
+            completion.add(chunk)
+        return completion
+
+    def cancel(self, session_id: str) -> None:
+        self.stub.Cancel(orchestrator_pb2.CancelRequest(session_id=session_id))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

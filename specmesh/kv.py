@@ -1,0 +1,63 @@
+"""A session's tokens on one replica and the KV cache over a prefix of them.
+
+Rollback is a length: rejected draft tokens are dropped by cropping the cache
+to the committed prefix the orchestrator names (`start`), never by recomputing.
+Used by the verifier for the target and by the draft service for a draft model.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from specmesh.errors import CacheMiss
+
+
+class TokenHistory:
+    """Everything a replica has seen of one session, committed or drafted."""
+
+    def __init__(self, session_id: str):
+        self.session_id = session_id
+        self.tokens: list[int] = []
+
+    def sync(self, start: int, tail: Sequence[int]) -> None:
+        """Keep the first `start` tokens (the committed prefix) and append `tail`."""
+        if start > len(self.tokens):
+            raise CacheMiss(self.session_id, len(self.tokens), start)
+        del self.tokens[start:]
+        self.tokens.extend(tail)
+
+
+class KVSession(TokenHistory):
+    def __init__(self, session_id: str, model):
+        super().__init__(session_id)
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def cached_len(self) -> int:
+        return self.cache.get_seq_length()
+
+    def sync(self, start: int, tail: Sequence[int]) -> None:
+        super().sync(start, tail)
+        if self.cached_len > start:   # entries past the committed prefix may be rejected drafts
+            self.cache.crop(start - self.cached_len)
+
+    @torch.inference_mode()
+    def forward(self, extra: Sequence[int] = ()) -> torch.Tensor:
+        """Feed every token not yet cached plus `extra`; return the logits that
+        predict the positions len(tokens) .. len(tokens) + len(extra).
+
+        Returns [len(extra) + 1, V]. The last known token is always re-fed when
+        the cache already covers everything, because its logits are needed.
+        """
+        assert self.tokens, "forward() before any token was synced"
+        keep = min(self.cached_len, len(self.tokens) - 1)
+        if keep < self.cached_len:
+            self.cache.crop(keep - self.cached_len)   # negative: drop that many from the end
+        feed = self.tokens[keep:] + list(extra)
+        input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)  # [1, T]
+        logits = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True).logits[0]  # [T, V]
+        self.tokens.extend(extra)
+        return logits[-(len(extra) + 1):].float()   # [len(extra) + 1, V]

@@ -1,0 +1,162 @@
+"""What every specmesh gRPC service shares: the server, health, reflection,
+the one interceptor that maps errors to statuses, and graceful shutdown.
+
+A service registers its servicer, starts NOT_SERVING, loads its model, flips
+to SERVING, and on SIGTERM/SIGINT flips back to NOT_SERVING, stops accepting
+calls and gives in-flight ones `grace_s` to finish before they are cancelled.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Awaitable, Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specmesh.errors import ServiceError
+
+log = logging.getLogger("specmesh.server")
+
+
+class StatusInterceptor(grpc.aio.ServerInterceptor):
+    """Turns ServiceError into its gRPC status and anything else into INTERNAL.
+
+    `on_status(method, code)` is called once per finished call (metrics hook).
+    """
+
+    def __init__(self, on_status: Callable[[str, grpc.StatusCode], None] | None = None):
+        self._on_status = on_status or (lambda method, code: None)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    async def _fail(self, method: str, context: grpc.aio.ServicerContext, error: BaseException):
+        if isinstance(error, ServiceError):
+            code, message = error.code, error.message
+        else:
+            log.exception("unhandled error in %s", method, exc_info=error)
+            code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+        self._on_status(method, code)
+        await context.abort(code, message)
+
+    def _wrap_unary(self, method, behavior):
+        async def wrapped(request, context):
+            try:
+                reply = await behavior(request, context)
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as error:  # noqa: BLE001 - the point of this interceptor
+                await self._fail(method, context, error)
+            self._on_status(method, grpc.StatusCode.OK)
+            return reply
+
+        return wrapped
+
+    def _wrap_stream(self, method, behavior):
+        async def wrapped(request, context):
+            try:
+                async for item in behavior(request, context):
+                    yield item
+            except (asyncio.CancelledError, grpc.aio.AbortError):
+                raise
+            except Exception as error:  # noqa: BLE001
+                await self._fail(method, context, error)
+            self._on_status(method, grpc.StatusCode.OK)
+
+        return wrapped
+
+
+class ServiceRuntime:
+    """One gRPC server with health and reflection for the named services."""
+
+    def __init__(self, service_names: Iterable[str], port: int, *, host: str = "[::]", grace_s: float = 30.0,
+                 interceptors: Iterable[grpc.aio.ServerInterceptor] = (), on_status=None):
+        self.service_names = list(service_names)
+        self.host, self.port, self.grace_s = host, port, grace_s
+        self.server = grpc.aio.server(interceptors=[*interceptors, StatusInterceptor(on_status)])
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._stopping = asyncio.Event()
+
+    async def start(self, register: Callable[[grpc.aio.Server], None], descriptors: Iterable[str] = ()) -> int:
+        register(self.server)
+        reflection.enable_server_reflection([*descriptors, *self.service_names, reflection.SERVICE_NAME,
+                                             health.SERVICE_NAME], self.server)
+        bound = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise RuntimeError(f"could not bind {self.host}:{self.port} (in use?)")
+        self.port = bound
+        await self.set_serving(False)
+        await self.server.start()
+        log.info("listening on %s:%d (%s), NOT_SERVING until ready", self.host, bound, ", ".join(self.service_names))
+        return bound
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in (*self.service_names, health.OVERALL_HEALTH):
+            await self.health.set(name, status)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def run_until_stopped(self, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Serve until SIGTERM/SIGINT (or request_stop), then drain and stop."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._stopping.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass
+        await self._stopping.wait()
+        log.info("stopping: NOT_SERVING, draining in-flight calls for up to %.0f s", self.grace_s)
+        await self.set_serving(False)
+        await self.server.stop(self.grace_s)
+        if on_stop is not None:
+            await on_stop()
+        log.info("stopped")
+
+
+class EngineHost:
+    """Runs a model engine's methods on one dedicated thread.
+
+    One thread owns the model and every session's cache, so engines need no
+    locks, and the event loop stays free for other calls while torch runs.
+    Calls before the engine is attached (model still loading) get UNAVAILABLE.
+    """
+
+    def __init__(self, what: str):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.engine = None
+        self._what = what
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=what)
+
+    def require(self):
+        if self.engine is None:
+            from specmesh.errors import Unavailable
+
+            raise Unavailable(f"the {self._what} is still loading")
+        return self.engine
+
+    async def call(self, method: str, *args):
+        fn = getattr(self.require(), method)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

@@ -1,0 +1,67 @@
+from specmesh.v1 import sampling_pb2 as _sampling_pb2
+from specmesh.v1 import cache_pb2 as _cache_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("session_id", "sync", "k", "drafter", "sampling", "seed", "top_n")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    sync: _cache_pb2.CacheSync
+    k: int
+    drafter: str
+    sampling: _sampling_pb2.SamplingParams
+    seed: int
+    top_n: int
+    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., top_n: _Optional[int] = ...) -> None: ...
+
+class DraftToken(_message.Message):
+    __slots__ = ("token_id", "q_ids", "q_probs")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    Q_IDS_FIELD_NUMBER: _ClassVar[int]
+    Q_PROBS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    q_ids: _containers.RepeatedScalarFieldContainer[int]
+    q_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_id: _Optional[int] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ProposeResponse(_message.Message):
+    __slots__ = ("tokens", "cached_len")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[DraftToken]
+    cached_len: int
+    def __init__(self, tokens: _Optional[_Iterable[_Union[DraftToken, _Mapping]]] = ..., cached_len: _Optional[int] = ...) -> None: ...
+
+class DrafterInfo(_message.Message):
+    __slots__ = ("name", "model", "vocab_size", "vocab_fingerprint")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    vocab_size: int
+    vocab_fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
+
+class DraftInfo(_message.Message):
+    __slots__ = ("drafters", "default_drafter", "max_k")
+    DRAFTERS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    MAX_K_FIELD_NUMBER: _ClassVar[int]
+    drafters: _containers.RepeatedCompositeFieldContainer[DrafterInfo]
+    default_drafter: str
+    max_k: int
+    def __init__(self, drafters: _Optional[_Iterable[_Union[DrafterInfo, _Mapping]]] = ..., default_drafter: _Optional[str] = ..., max_k: _Optional[int] = ...) -> None: ...

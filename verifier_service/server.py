@@ -1,0 +1,26 @@
+"""`specmesh serve verifier`: the target model behind the Verifier service."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from specmesh.config import VerifierConfig
+from specmesh.models import load_model
+from specmesh.server import EngineHost, ServiceRuntime
+from specmesh.v1 import verifier_pb2_grpc
+from verifier_service.engine import TargetEngine
+from verifier_service.servicer import SERVICE_NAME, VerifierServicer
+
+log = logging.getLogger("specmesh.verifier")
+
+
+async def serve(config: VerifierConfig) -> None:
+    runtime = ServiceRuntime([SERVICE_NAME], config.port)
+    host = EngineHost("target model")
+    servicer = VerifierServicer(host)
+    await runtime.start(lambda server: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server))
+    loaded = await asyncio.to_thread(load_model, config.model, device=config.device, dtype=config.dtype)
+    host.engine = TargetEngine(loaded, config)
+    await runtime.set_serving(True)
+    log.info("verifier SERVING %s on port %d", loaded.info.name, runtime.port)
+    await runtime.run_until_stopped()

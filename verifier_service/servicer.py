@@ -1,0 +1,40 @@
+"""gRPC edge of the verifier: decode, call the engine on its thread, encode."""
+from __future__ import annotations
+
+from specmesh import wire
+from specmesh.errors import InvalidArgument
+from specmesh.server import EngineHost
+from specmesh.v1 import cache_pb2, verifier_pb2, verifier_pb2_grpc
+
+SERVICE_NAME = "specmesh.v1.Verifier"
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    def __init__(self, host: EngineHost):
+        self.host = host
+
+    async def Prefill(self, request, context):
+        if not request.session_id:
+            raise InvalidArgument("session_id", "must not be empty")
+        cached_len = await self.host.call("prefill", request.session_id, list(request.token_ids))
+        return verifier_pb2.PrefillResponse(cached_len=cached_len)
+
+    async def Verify(self, request, context):
+        if not request.session_id:
+            raise InvalidArgument("session_id", "must not be empty")
+        drafts = [wire.proposal_from_pb(d) for d in request.draft_tokens]
+        scores, cached_len = await self.host.call(
+            "verify", request.session_id, request.sync.start, list(request.sync.token_ids),
+            drafts, wire.sampling_from_pb(request.sampling), request.seed)
+        return verifier_pb2.VerifyResponse(target_probs=scores.target_probs, recovered_tokens=scores.recovered_tokens,
+                                           bonus_token=scores.bonus_token, cached_len=cached_len)
+
+    async def Release(self, request, context):
+        released = await self.host.call("release", request.session_id)
+        return cache_pb2.ReleaseResponse(released=released)
+
+    async def Info(self, request, context):
+        info = self.host.require().info
+        return verifier_pb2.VerifierInfo(model=info.name, vocab_size=info.vocab_size,
+                                         vocab_fingerprint=info.vocab_fingerprint, max_context=info.max_context,
+                                         eos_token_ids=list(info.eos_token_ids))
