@@ -1,0 +1,77 @@
+"""Shared fixtures: a real Redis, tiny random model pairs, and real service clusters.
+
+Clusters are session-scoped: each starts draft, verifier and orchestrator as
+separate processes once and is shared by every test that asks for it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specmesh.client import Client
+from specmesh.launcher import Cluster
+from specmesh.redis_server import EmbeddedRedis, free_port
+from specmesh.tiny_models import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """REDIS_URL when set (an external Redis), else a redis-server started here."""
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """A target and two drafts sharing its character vocabulary: one different
+    (rejections happen) and one identical to the target (everything is accepted)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": build_tiny_model(root / "target", seed=1),
+        "draft": build_tiny_model(root / "draft", seed=2),
+        "other_vocab": build_tiny_model(root / "other", seed=3, vocab="tiny"),
+    }
+
+
+def _cluster(tmp_path_factory, name, redis_url, **kwargs):
+    cluster = Cluster(port=free_port(), redis_url=redis_url, log_dir=tmp_path_factory.mktemp(f"logs-{name}"),
+                      startup_timeout_s=900, **kwargs)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def tiny_cluster(tmp_path_factory, redis_url, tiny_models):
+    """Three processes serving the tiny target, with the tiny draft model and the n-gram drafter."""
+    cluster = _cluster(tmp_path_factory, "tiny", redis_url, model=str(tiny_models["target"]),
+                       draft_model=str(tiny_models["draft"]))
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory, redis_url):
+    """Three processes serving the default SmolLM2-135M-Instruct target with the n-gram drafter."""
+    with _cluster(tmp_path_factory, "real", redis_url) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def tiny_client(tiny_cluster):
+    with Client(tiny_cluster.address) as client:
+        yield client
+
+
+def health_status(address: str, service: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
