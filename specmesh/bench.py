@@ -1,9 +1,197 @@
-"""Placeholder replaced below."""
+"""`specmesh bench`: speedup over target-only decoding on Spec-Bench prompts.
+
+Every prompt is run with k = 0 (target-only decoding through the same
+services: the baseline) and with each speculative configuration, one after
+the other in the same run, so the ratios are measured under the same machine
+load. Greedy by default, as Spec-Bench reports; each speculative output is
+also checked against the baseline token for token.
+
+Prints a table per category and overall; writes results.json, results.csv
+and speedup.png (speedup and mean accepted tokens per step by category).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+log = logging.getLogger("specmesh.bench")
+
+DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "spec_bench_questions.jsonl"
 
 
-def add_arguments(parser):
-    pass
+def add_arguments(p) -> None:
+    p.add_argument("--addr", default=None, help="a running orchestrator; default: start one (like `specmesh up`)")
+    p.add_argument("--model", default=None, help="target model when starting services [SPECMESH_MODEL]")
+    p.add_argument("--draft-model", default=None, help="draft model when starting services")
+    p.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
+    p.add_argument("--categories", default="", help="comma-separated categories (default: all)")
+    p.add_argument("--question-ids", default="", help="comma-separated question ids (overrides --per-category)")
+    p.add_argument("--per-category", type=int, default=1, help="questions taken from each category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--configs", default="ngram:4",
+                   help="speculative configurations DRAFTER:K, comma-separated (the k=0 baseline is always run)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--no-chat", action="store_true", help="send the raw question instead of a chat turn")
+    p.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for json, csv and png")
 
 
-def run(args):
-    raise SystemExit("not yet")
+def load_questions(path: Path, categories: list[str], per_category: int, ids: list[int]) -> list[dict]:
+    if not path.exists():
+        raise SystemExit(f"no Spec-Bench questions at {path}; pass --questions")
+    questions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if ids:
+        by_id = {q["question_id"]: q for q in questions}
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise SystemExit(f"unknown question ids: {missing}")
+        return [by_id[i] for i in ids]
+    chosen, taken = [], defaultdict(int)
+    for q in questions:
+        if (not categories or q["category"] in categories) and taken[q["category"]] < per_category:
+            chosen.append(q)
+            taken[q["category"]] += 1
+    return chosen
+
+
+def parse_configs(text: str) -> list[tuple[str, int]]:
+    configs = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        drafter, _, k = item.partition(":")
+        configs.append((drafter, int(k or 4)))
+    return configs
+
+
+def run(args) -> int:
+    from specmesh.launcher import Cluster
+
+    questions = load_questions(args.questions, [c for c in args.categories.split(",") if c], args.per_category,
+                               [int(i) for i in args.question_ids.split(",") if i])
+    configs = parse_configs(args.configs)
+    cluster = None
+    address = args.addr
+    if address is None:
+        from specmesh.redis_server import free_port
+
+        cluster = Cluster(model=args.model, draft_model=args.draft_model, port=free_port(),
+                          log_dir=args.out / "logs")
+        log.info("starting services (logs in %s)", args.out / "logs")
+        cluster.start()
+        address = cluster.address
+    try:
+        rows = measure(address, questions, configs, args)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    report(rows, configs, args.out)
+    return 0
+
+
+def measure(address: str, questions: list[dict], configs: list[tuple[str, int]], args) -> list[dict]:
+    from specmesh.client import Client
+
+    rows = []
+    with Client(address) as client:
+        # One untimed request so that lazy initialisation is not billed to the first prompt.
+        client.generate("Hello", chat=not args.no_chat, max_new_tokens=4, k=0)
+        total = len(questions) * (len(configs) + 1)
+        done = 0
+        started = time.perf_counter()
+        for q in questions:
+            prompt = q["turns"][0]
+            baseline = None
+            for drafter, k in [("", 0)] + configs:
+                c = client.generate(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens, k=k,
+                                    drafter=drafter, temperature=args.temperature, seed=q["question_id"])
+                s = c.stats
+                if baseline is None:
+                    baseline = c
+                rows.append({"question_id": q["question_id"], "category": q["category"],
+                             "config": "target-only" if k == 0 else f"{drafter}:k={k}", "drafter": drafter, "k": k,
+                             "generated_tokens": s.generated_tokens, "elapsed_s": s.elapsed_s,
+                             "tokens_per_second": s.tokens_per_second, "steps": s.steps,
+                             "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+                             "acceptance_rate": s.acceptance_rate, "mean_accepted_per_step": s.mean_accepted_per_step,
+                             "same_as_target_only": c.token_ids == baseline.token_ids})
+                done += 1
+                eta = (time.perf_counter() - started) / done * (total - done)
+                print(f"[{done}/{total}] q{q['question_id']} {q['category']:<14} {rows[-1]['config']:<12} "
+                      f"{s.generated_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
+                      f"accept {s.acceptance_rate:4.2f}  per step {s.mean_accepted_per_step:4.2f}  "
+                      f"(eta {eta:4.0f} s)", file=sys.stderr, flush=True)
+    return rows
+
+
+def summarize(rows: list[dict], configs: list[tuple[str, int]]) -> list[dict]:
+    """Per category and overall: tokens/s of each config and its speedup over target-only."""
+    by = defaultdict(list)
+    for r in rows:
+        by[(r["category"], r["config"])].append(r)
+        by[("overall", r["config"])].append(r)
+    categories = sorted({r["category"] for r in rows}) + ["overall"]
+    summary = []
+    for cat in categories:
+        base = by[(cat, "target-only")]
+        base_tps = sum(r["generated_tokens"] for r in base) / sum(r["elapsed_s"] for r in base)
+        for drafter, k in configs:
+            name = f"{drafter}:k={k}"
+            spec = by[(cat, name)]
+            tps = sum(r["generated_tokens"] for r in spec) / sum(r["elapsed_s"] for r in spec)
+            drafted = sum(r["draft_tokens"] for r in spec)
+            summary.append({"category": cat, "config": name, "prompts": len(spec),
+                            "target_only_tokens_per_second": base_tps, "tokens_per_second": tps,
+                            "speedup": tps / base_tps,
+                            "acceptance_rate": sum(r["accepted_tokens"] for r in spec) / drafted if drafted else 0.0,
+                            "mean_accepted_per_step": sum(r["generated_tokens"] for r in spec)
+                            / max(1, sum(r["steps"] for r in spec)),
+                            "outputs_equal_target_only": all(r["same_as_target_only"] for r in spec)})
+    return summary
+
+
+def report(rows: list[dict], configs: list[tuple[str, int]], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows, configs)
+    (out / "results.json").write_text(json.dumps({"runs": rows, "summary": summary}, indent=2))
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    header = (f"{'category':<15}{'config':<13}{'prompts':>8}{'base tok/s':>11}{'spec tok/s':>11}{'speedup':>9}"
+              f"{'accept':>8}{'tok/step':>9}  same output")
+    print(header)
+    print("-" * len(header))
+    for s in summary:
+        print(f"{s['category']:<15}{s['config']:<13}{s['prompts']:>8}{s['target_only_tokens_per_second']:>11.1f}"
+              f"{s['tokens_per_second']:>11.1f}{s['speedup']:>8.2f}x{s['acceptance_rate']:>8.2f}"
+              f"{s['mean_accepted_per_step']:>9.2f}  {'yes' if s['outputs_equal_target_only'] else 'NO'}")
+    plot(summary, out / "speedup.png")
+    print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'speedup.png'}")
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    categories = list(dict.fromkeys(s["category"] for s in summary))
+    configs = list(dict.fromkeys(s["config"] for s in summary))
+    width = 0.8 / len(configs)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(categories) * 2), 4.5))
+    for i, config in enumerate(configs):
+        xs = [j + i * width for j in range(len(categories))]
+        values = {s["category"]: s for s in summary if s["config"] == config}
+        ax1.bar(xs, [values[c]["speedup"] for c in categories], width, label=config)
+        ax2.bar(xs, [values[c]["mean_accepted_per_step"] for c in categories], width, label=config)
+    for ax, title in ((ax1, "speedup over target-only (same run)"), (ax2, "mean committed tokens per step")):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=45, ha="right")
+        ax.set_title(title)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

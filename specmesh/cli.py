@@ -1,7 +1,8 @@
 """The `specmesh` command.
 
-    specmesh up                      all three services + Redis on this machine
-    specmesh demo [PROMPT]           up, stream one answer with its stats, shut down
+    specmesh up                      all three services + Redis on this machine, one
+                                     answer streamed as a check, then serve until Ctrl-C
+    specmesh demo                    the same, but exit after the answer
     specmesh serve draft|verifier|orchestrator    one tier alone
     specmesh generate PROMPT         stream a completion from a running orchestrator
     specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
@@ -21,6 +22,10 @@ from specmesh import logs
 
 log = logging.getLogger("specmesh.cli")
 
+DEMO_PROMPT = ("Summarize in two sentences: sunlight reaching the atmosphere is scattered by the molecules of the "
+               "air, and blue light is scattered much more than red light because its wavelength is shorter, so "
+               "the sky looks blue; at sunset the light crosses more air and the blue is scattered away.")
+
 
 def _add_model_flags(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--model", default=None, help="target model: 'smollm2' (default, embedded), an HF folder or hub id, "
@@ -36,19 +41,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run Redis, draft, verifier and orchestrator as separate processes")
-    up.add_argument("--port", type=int, default=50051, help="orchestrator port (default 50051)")
-    up.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
-                    help="use this Redis instead of starting one [REDIS_URL]")
-    _add_model_flags(up)
-
-    demo = sub.add_parser("demo", help="up, then stream one answer and its stats, then shut down")
-    demo.add_argument("prompt", nargs="?", default="Summarize in two sentences why the sky is blue: sunlight is "
-                      "scattered by the molecules of the air, and blue light is scattered more than red light "
-                      "because it has a shorter wavelength.")
-    demo.add_argument("--port", type=int, default=50051)
-    demo.add_argument("--max-new-tokens", type=int, default=96)
-    demo.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
-    _add_model_flags(demo)
+    demo = sub.add_parser("demo", help="like up, but exit after the first answer")
+    for p in (up, demo):
+        p.add_argument("--port", type=int, default=50051, help="orchestrator port (default 50051)")
+        p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
+                       help="use this Redis instead of starting one [REDIS_URL]")
+        p.add_argument("--draft-replicas", type=int, default=1)
+        p.add_argument("--verifier-replicas", type=int, default=1)
+        p.add_argument("--prompt", default=DEMO_PROMPT, help="the first request, sent once everything serves")
+        p.add_argument("--max-new-tokens", type=int, default=96, help="for the first request")
+        _add_model_flags(p)
+    up.add_argument("--no-demo", action="store_true", help="skip the first request")
 
     serve = sub.add_parser("serve", help="run one tier")
     tiers = serve.add_subparsers(dest="tier", required=True)
@@ -59,12 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--max-k", type=int, help="[SPECMESH_MAX_K]")
     d.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
     d.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
+    d.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
     v = tiers.add_parser("verifier", help="the verifier service [port 50062]")
     v.add_argument("--port", type=int)
     v.add_argument("--model", default=None, help="[SPECMESH_MODEL]")
     v.add_argument("--device", default=None, help="cpu or cuda [SPECMESH_DEVICE]")
     v.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 [SPECMESH_DTYPE]")
     v.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
+    v.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
     o = tiers.add_parser("orchestrator", help="the public API [port 50051]")
     o.add_argument("--port", type=int)
     o.add_argument("--model", default=None, help="the target's tokenizer [SPECMESH_MODEL]")
@@ -77,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
     o.add_argument("--draft-top-n", type=int, help="truncate each proposal q to this many tokens [SPECMESH_DRAFT_TOP_N]")
     o.add_argument("--max-active-sessions", type=int, help="[SPECMESH_MAX_ACTIVE_SESSIONS]")
+    o.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
 
     g = sub.add_parser("generate", help="stream a completion from a running orchestrator")
     g.add_argument("prompt")
@@ -115,6 +121,10 @@ def _serve(args) -> None:
         from orchestrator.server import serve
 
         config = cfg.from_env(cfg.OrchestratorConfig, overrides)
+    from specmesh import telemetry
+
+    # Tracing only when OTEL_* / SPECMESH_TRACE_FILE ask for it; metrics only with a port.
+    telemetry.setup(args.tier, config.metrics_port)
     asyncio.run(serve(config))
 
 
@@ -151,14 +161,16 @@ def summary(c) -> str:
             f"mean accepted tokens per step: {s.mean_accepted_per_step:.2f}, ttft: {s.time_to_first_token_s:.2f} s]")
 
 
-def _up(args, demo_prompt: str | None = None, max_new_tokens: int = 96) -> int:
+def _up(args, exit_after_demo: bool = False) -> int:
     from specmesh.launcher import Cluster
 
-    cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url)
+    cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url,
+                      draft_replicas=args.draft_replicas, verifier_replicas=args.verifier_replicas)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("starting verifier and draft services (first start converts the default model: ~25 s)")
+    log.info("starting %d verifier and %d draft replica(s) (the first start converts the default model, ~25 s)",
+             args.verifier_replicas, args.draft_replicas)
     try:
         cluster.start()
     except Exception as error:  # noqa: BLE001 - tell the person, not a traceback
@@ -166,19 +178,12 @@ def _up(args, demo_prompt: str | None = None, max_new_tokens: int = 96) -> int:
         return 1
     try:
         print(f"specmesh orchestrator SERVING at {cluster.address}", flush=True)
-        if demo_prompt is not None:
-            from specmesh.client import Client, Completion, build_request
-
-            print(f"\n> {demo_prompt}\n", flush=True)
-            completion = Completion()
-            with Client(cluster.address) as client:
-                for chunk in client.stream(build_request(demo_prompt, chat=True, max_new_tokens=max_new_tokens)):
-                    completion.add(chunk)
-                    print(chunk.text, end="", flush=True)
-            print("\n\n" + summary(completion), flush=True)
+        if not getattr(args, "no_demo", False):
+            _demo(cluster.address, args.prompt, args.max_new_tokens)
+        if exit_after_demo:
             return 0
-        print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"  "
-              "(Ctrl-C stops everything)", flush=True)
+        print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"\n"
+              "Ctrl-C (or SIGTERM) stops every service.", flush=True)
         while not stop.wait(1.0):
             dead = [t for t, p in cluster.processes.items() if p.poll() is not None]
             if dead:
@@ -188,6 +193,19 @@ def _up(args, demo_prompt: str | None = None, max_new_tokens: int = 96) -> int:
     finally:
         codes = cluster.stop()
         log.info("all services stopped (exit codes: %s)", codes)
+
+
+def _demo(address: str, prompt: str, max_new_tokens: int) -> None:
+    """Stream one chat answer through the whole stack, then its stats."""
+    from specmesh.client import Client, Completion, build_request
+
+    print(f"\n> {prompt}\n", flush=True)
+    completion = Completion()
+    with Client(address) as client:
+        for chunk in client.stream(build_request(prompt, chat=True, max_new_tokens=max_new_tokens)):
+            completion.add(chunk)
+            print(chunk.text, end="", flush=True)
+    print("\n\n" + summary(completion) + "\n", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         return _up(args)
     if args.command == "demo":
-        return _up(args, demo_prompt=args.prompt, max_new_tokens=args.max_new_tokens)
+        return _up(args, exit_after_demo=True)
     if args.command == "bench":
         from specmesh import bench
 

@@ -6,6 +6,7 @@ Used by the verifier for the target and by the draft service for a draft model.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import torch
@@ -34,6 +35,8 @@ class KVSession(TokenHistory):
         super().__init__(session_id)
         self.model = model
         self.cache = DynamicCache(config=model.config)
+        # transformers 5.x renamed the forward argument `past_key_values` to `cache`.
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @property
     def cached_len(self) -> int:
@@ -58,6 +61,6 @@ class KVSession(TokenHistory):
             self.cache.crop(keep - self.cached_len)   # negative: drop that many from the end
         feed = self.tokens[keep:] + list(extra)
         input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)  # [1, T]
-        logits = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True).logits[0]  # [T, V]
+        logits = self.model(input_ids=input_ids, use_cache=True, **{self._cache_arg: self.cache}).logits[0]  # [T, V]
         self.tokens.extend(extra)
         return logits[-(len(extra) + 1):].float()   # [len(extra) + 1, V]

@@ -56,54 +56,79 @@ class Cluster:
     draft_model: str | None = None
     port: int = 50051
     redis_url: str | None = None
+    draft_replicas: int = 1
+    verifier_replicas: int = 1
     log_dir: Path | None = None          # None: children log to this terminal
     extra_env: dict[str, str] = field(default_factory=dict)
     orchestrator_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 600.0
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
-    draft_port: int = 0
-    verifier_port: int = 0
+    draft_ports: list[int] = field(default_factory=list)
+    verifier_ports: list[int] = field(default_factory=list)
     redis: EmbeddedRedis | None = None
+    _pending: list = field(default_factory=list)
+    # metrics=True gives every process a free Prometheus port: metrics_ports["orchestrator" | "draft-0" | ...].
+    metrics: bool = False
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
         return f"localhost:{self.port}"
 
-    def _spawn(self, tier: str, args: list[str]) -> subprocess.Popen:
+    @property
+    def draft_port(self) -> int:
+        return self.draft_ports[0]
+
+    @property
+    def verifier_port(self) -> int:
+        return self.verifier_ports[0]
+
+    def _spawn(self, name: str, tier: str, args: list[str]) -> subprocess.Popen:
         env = {**os.environ, **self.extra_env}
         out: IO | None = None
         log_path = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            log_path = self.log_dir / f"{tier}.log"
+            log_path = self.log_dir / f"{name}.log"
             out = open(log_path, "ab")
         process = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "serve", tier, *args], env=env,
                                    stdout=out, stderr=subprocess.STDOUT if out else None)
         process.log_path = log_path
-        self.processes[tier] = process
+        self.processes[name] = process
         return process
 
-    def start_tier(self, tier: str) -> None:
-        """(Re)start one tier on its port; used at start-up and by failure tests."""
+    def start_tier(self, name: str) -> None:
+        """(Re)start one process: "orchestrator", "draft-<i>" or "verifier-<i>"."""
+        tier, _, index = name.partition("-")
         if tier == "draft":
-            args = ["--port", str(self.draft_port)] + (["--draft-model", self.draft_model] if self.draft_model else [])
+            port = self.draft_ports[int(index)]
+            args = ["--port", str(port)] + (["--draft-model", self.draft_model] if self.draft_model else [])
             service = "specmesh.v1.Draft"
-            port = self.draft_port
         elif tier == "verifier":
-            args = ["--port", str(self.verifier_port)] + (["--model", self.model] if self.model else [])
-            service, port = "specmesh.v1.Verifier", self.verifier_port
+            port = self.verifier_ports[int(index)]
+            args = ["--port", str(port)] + (["--model", self.model] if self.model else [])
+            service = "specmesh.v1.Verifier"
         else:
-            args = ["--port", str(self.port), "--draft-addrs", f"localhost:{self.draft_port}",
-                    "--verifier-addrs", f"localhost:{self.verifier_port}", "--redis-url", self.redis_url,
+            port = self.port
+            args = ["--port", str(port),
+                    "--draft-addrs", ",".join(f"localhost:{p}" for p in self.draft_ports),
+                    "--verifier-addrs", ",".join(f"localhost:{p}" for p in self.verifier_ports),
+                    "--redis-url", self.redis_url,
                     *(["--model", self.model] if self.model else []), *self.orchestrator_args]
-            service, port = "specmesh.v1.Orchestrator", self.port
-        process = self._spawn(tier, args)
-        self._pending = getattr(self, "_pending", []) + [(f"localhost:{port}", service, process, tier)]
+            service = "specmesh.v1.Orchestrator"
+        if self.metrics:
+            args += ["--metrics-port", str(self.metrics_ports.setdefault(name, free_port()))]
+        self._pending.append((f"localhost:{port}", service, self._spawn(name, tier, args), name))
+
+    def metrics_url(self, name: str) -> str:
+        """The scrape URL of a process ("orchestrator", "draft-0", ...; a bare tier means its replica 0)."""
+        name = name if name in self.metrics_ports else f"{name}-0"
+        return f"http://localhost:{self.metrics_ports[name]}/metrics"
 
     def wait(self) -> None:
-        for address, service, process, tier in self._pending:
-            wait_serving(address, service, process, self.startup_timeout_s, f"{tier} service")
-            log.info("%s SERVING at %s (pid %d)", tier, address, process.pid)
+        for address, service, process, name in self._pending:
+            wait_serving(address, service, process, self.startup_timeout_s, f"{name} service")
+            log.info("%s SERVING at %s (pid %d)", name, address, process.pid)
         self._pending = []
 
     def start(self) -> "Cluster":
@@ -112,10 +137,12 @@ class Cluster:
                 self.redis = EmbeddedRedis().start()
                 self.redis_url = self.redis.url
                 log.info("embedded redis-server at %s", self.redis_url)
-            self.draft_port = self.draft_port or free_port()
-            self.verifier_port = self.verifier_port or free_port()
-            self.start_tier("verifier")
-            self.start_tier("draft")
+            self.draft_ports = self.draft_ports or [free_port() for _ in range(self.draft_replicas)]
+            self.verifier_ports = self.verifier_ports or [free_port() for _ in range(self.verifier_replicas)]
+            for i in range(len(self.verifier_ports)):
+                self.start_tier(f"verifier-{i}")
+            for i in range(len(self.draft_ports)):
+                self.start_tier(f"draft-{i}")
             self.wait()
             self.start_tier("orchestrator")
             self.wait()
@@ -124,8 +151,8 @@ class Cluster:
             raise
         return self
 
-    def stop_tier(self, tier: str, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        process = self.processes.pop(tier, None)
+    def stop_tier(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        process = self.processes.pop(name, None)
         if process is None or process.poll() is not None:
             return None if process is None else process.returncode
         process.send_signal(sig)
@@ -136,8 +163,9 @@ class Cluster:
             return process.wait()
 
     def stop(self) -> dict[str, int | None]:
-        """SIGTERM the orchestrator first (it drains streams), then the model tiers."""
-        codes = {tier: self.stop_tier(tier) for tier in ("orchestrator", "draft", "verifier")}
+        """SIGTERM the orchestrator first (it drains its streams), then the model tiers."""
+        names = ["orchestrator"] + sorted(n for n in self.processes if n != "orchestrator")
+        codes = {name: self.stop_tier(name) for name in names}
         if self.redis is not None:
             self.redis.stop()
             self.redis = None
