@@ -5,6 +5,7 @@ import asyncio
 import logging
 
 from specmesh.config import DraftConfig
+from specmesh import telemetry
 from specmesh.server import EngineHost, ServiceRuntime
 from specmesh.v1 import draft_pb2_grpc
 from draft_service.engine import DraftEngine
@@ -16,6 +17,7 @@ log = logging.getLogger("specmesh.draft")
 async def serve(config: DraftConfig) -> None:
     runtime = ServiceRuntime([SERVICE_NAME], config.port)
     host = EngineHost("draft model")
+    telemetry.observe_engine("draft", host)
     servicer = DraftServicer(host)
     await runtime.start(lambda server: draft_pb2_grpc.add_DraftServicer_to_server(servicer, server))
     host.engine = await asyncio.to_thread(DraftEngine.from_config, config)

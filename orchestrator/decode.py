@@ -19,7 +19,7 @@ from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
 from orchestrator.sessions import Handle, SessionStore
 from orchestrator.text import TextStream
-from specmesh import wire
+from specmesh import telemetry, wire
 from specmesh.sampling import Scores
 from specmesh.v1 import cache_pb2, draft_pb2, verifier_pb2
 
@@ -87,42 +87,67 @@ class Decoder:
         draft, verifier = Handle(cache_id=req.session_id), Handle(cache_id=req.session_id)
         committed = list(req.prompt_ids)
         text = TextStream(self.tokenizer, req.stop)
+        tracer = telemetry.tracer()                  # the API's no-op tracer unless tracing is on
+        telemetry.bind_session(req.session_id)       # session id on the Generate span and in log records
+        telemetry.record_request_start(req.drafter, len(req.prompt_ids))
+        finish = ended = ""
         try:
             yield Chunk(req.session_id, [], "", stats)
             verifier = await self._prefill(req, committed)
-            finish = ""
             while not finish:
-                generated = len(committed) - len(req.prompt_ids)
-                # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
-                k = min(req.k, req.max_new_tokens - generated - 1)
-                proposals, draft_len = [], 0
-                if k > 0:
-                    draft, proposals, draft_len = await self._propose(req, draft, committed, k)
-                verifier, scores, verifier_len = await self._verify(req, verifier, committed, proposals)
-                start = len(committed)
-                result = accept([p.token_id for p in proposals], [p.draft_prob for p in proposals], scores,
-                                req.seed, start)
-                # The replicas hold the drafts too; only the accepted prefix of them stays valid.
-                valid = start + result.accepted
-                verifier.cached_len = min(verifier_len, valid)
-                if proposals:
-                    draft.cached_len = min(draft_len, valid)
-                new, finish = self._cut(result.tokens, generated, req.max_new_tokens)
-                committed += new
-                stats.steps += 1
-                stats.draft_tokens += len(proposals)
-                stats.accepted_tokens += result.accepted
-                stats.generated_tokens += len(new)
-                stats.first_token_at = stats.first_token_at or time.perf_counter()
-                delta = text.update(committed[len(req.prompt_ids):], final=bool(finish))
-                if text.stopped:
-                    finish = "stop"
-                status = await self.sessions.commit(req.session_id, start, new, stats.steps, draft, verifier)
-                if status == "cancelled":
-                    finish = "cancelled"
-                    delta += text.update(committed[len(req.prompt_ids):], final=True)
+                step_started = time.perf_counter()
+                # The span ends before the yield: a step's children are Propose, Verify, accept and commit.
+                with tracer.start_as_current_span(telemetry.SPAN_STEP) as span:
+                    generated = len(committed) - len(req.prompt_ids)
+                    # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
+                    k = min(req.k, req.max_new_tokens - generated - 1)
+                    proposals, draft_len = [], 0
+                    if k > 0:
+                        draft, proposals, draft_len = await self._propose(req, draft, committed, k)
+                    verifier, scores, verifier_len = await self._verify(req, verifier, committed, proposals)
+                    start = len(committed)
+                    with tracer.start_as_current_span(telemetry.SPAN_ACCEPT):
+                        result = accept([p.token_id for p in proposals], [p.draft_prob for p in proposals], scores,
+                                        req.seed, start)
+                    # The replicas hold the drafts too; only the accepted prefix of them stays valid.
+                    valid = start + result.accepted
+                    verifier.cached_len = min(verifier_len, valid)
+                    if proposals:
+                        draft.cached_len = min(draft_len, valid)
+                    new, finish = self._cut(result.tokens, generated, req.max_new_tokens)
+                    committed += new
+                    stats.steps += 1
+                    stats.draft_tokens += len(proposals)
+                    stats.accepted_tokens += result.accepted
+                    stats.generated_tokens += len(new)
+                    first_token = stats.first_token_at is None
+                    stats.first_token_at = stats.first_token_at or time.perf_counter()
+                    delta = text.update(committed[len(req.prompt_ids):], final=bool(finish))
+                    if text.stopped:
+                        finish = "stop"
+                    with tracer.start_as_current_span(telemetry.SPAN_COMMIT):
+                        status = await self.sessions.commit(req.session_id, start, new, stats.steps, draft, verifier)
+                    if status == "cancelled":
+                        finish = "cancelled"
+                        delta += text.update(committed[len(req.prompt_ids):], final=True)
+                    if span.is_recording():
+                        span.set_attributes({telemetry.ATTR_STEP: stats.steps, telemetry.ATTR_K: k,
+                                             telemetry.ATTR_DRAFT_TOKENS: len(proposals),
+                                             telemetry.ATTR_ACCEPTED_TOKENS: result.accepted,
+                                             telemetry.ATTR_BONUS: result.bonus, telemetry.ATTR_NEW_TOKENS: len(new)})
+                telemetry.record_step(req.drafter, len(proposals), result.accepted, len(new),
+                                      time.perf_counter() - step_started,
+                                      stats.time_to_first_token_s if first_token else None)
                 yield Chunk(req.session_id, new, delta, stats, len(proposals), result.accepted, result.bonus, finish)
+            ended = finish
         finally:
+            telemetry.record_request_end(req.drafter, ended, stats.elapsed_s,
+                                         stats.time_to_first_token_s if stats.first_token_at else None,
+                                         stats.generated_tokens)
+            # Counts only: prompts and outputs are never logged at INFO.
+            log.info("session finished (%s): %d tokens in %d steps, %d of %d draft tokens accepted, %.2f s",
+                     ended or "aborted", stats.generated_tokens, stats.steps, stats.accepted_tokens,
+                     stats.draft_tokens, stats.elapsed_s)
             await asyncio.shield(self._release(req.session_id, draft, verifier))
 
     def _cut(self, tokens: list[int], generated: int, max_new: int) -> tuple[list[int], str]:

@@ -11,6 +11,7 @@ from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import Limits
 from orchestrator.servicer import SERVICE_NAME, OrchestratorServicer
 from orchestrator.sessions import SessionStore
+from specmesh import telemetry
 from specmesh.config import OrchestratorConfig
 from specmesh.models import VocabularyMismatch, load_tokenizer
 from specmesh.server import ServiceRuntime
@@ -52,8 +53,11 @@ def check_replicas(tokenizer_info, verifier_infos, draft_infos) -> None:
 
 async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, sessions: SessionStore) -> None:
     tokenizer, info = await asyncio.to_thread(load_tokenizer, config.model)
-    drafts = ReplicaPool.connect("draft", config.draft_addrs, draft_pb2_grpc.DraftStub)
-    verifiers = ReplicaPool.connect("verifier", config.verifier_addrs, verifier_pb2_grpc.VerifierStub)
+    # With tracing on, client spans for Propose / Verify and the trace context in their metadata.
+    drafts = ReplicaPool.connect("draft", config.draft_addrs, draft_pb2_grpc.DraftStub,
+                                 interceptors=telemetry.client_interceptors())
+    verifiers = ReplicaPool.connect("verifier", config.verifier_addrs, verifier_pb2_grpc.VerifierStub,
+                                    interceptors=telemetry.client_interceptors())
     verifier_infos = await _ask_until_answered(verifiers, "verifier")
     draft_infos = await _ask_until_answered(drafts, "draft")
     check_replicas(info, verifier_infos, draft_infos)

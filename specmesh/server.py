@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specmesh import telemetry
 from specmesh.errors import ServiceError
 
 log = logging.getLogger("specmesh.server")
@@ -92,7 +93,10 @@ class ServiceRuntime:
                  interceptors: Iterable[grpc.aio.ServerInterceptor] = (), on_status=None):
         self.service_names = list(service_names)
         self.host, self.port, self.grace_s = host, port, grace_s
-        self.server = grpc.aio.server(interceptors=[*interceptors, StatusInterceptor(on_status)])
+        # Tracing's interceptor (none when tracing is off) goes first: its span covers the status mapping.
+        self.interceptors = [*telemetry.server_interceptors(), *interceptors,
+                             StatusInterceptor(telemetry.status_hook(on_status))]
+        self.server = grpc.aio.server(interceptors=self.interceptors)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._stopping = asyncio.Event()
@@ -149,6 +153,7 @@ class EngineHost:
         self.engine = None
         self._what = what
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=what)
+        self.queue = telemetry.EngineQueue()   # calls waiting for the thread (a metric)
 
     def require(self):
         if self.engine is None:
@@ -158,5 +163,8 @@ class EngineHost:
         return self.engine
 
     async def call(self, method: str, *args):
-        fn = getattr(self.require(), method)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        job = self.queue.submit(method, getattr(self.require(), method), *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        finally:
+            job.settle()

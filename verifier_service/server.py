@@ -6,6 +6,7 @@ import logging
 
 from specmesh.config import VerifierConfig
 from specmesh.models import load_model
+from specmesh import telemetry
 from specmesh.server import EngineHost, ServiceRuntime
 from specmesh.v1 import verifier_pb2_grpc
 from verifier_service.engine import TargetEngine
@@ -17,6 +18,7 @@ log = logging.getLogger("specmesh.verifier")
 async def serve(config: VerifierConfig) -> None:
     runtime = ServiceRuntime([SERVICE_NAME], config.port)
     host = EngineHost("target model")
+    telemetry.observe_engine("verifier", host)
     servicer = VerifierServicer(host)
     await runtime.start(lambda server: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server))
     loaded = await asyncio.to_thread(load_model, config.model, device=config.device, dtype=config.dtype)
