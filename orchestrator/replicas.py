@@ -9,6 +9,7 @@ since every random draw derives from (seed, position), the output is unchanged.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ class ReplicaPool(Generic[S]):
     tier: str
     replicas: list[Replica[S]]
     cooldown_s: float = 2.0
+    # How long a call keeps trying when every replica fails (a rolling restart, a pod rescheduled).
+    retry_s: float = 20.0
     _by_address: dict[str, Replica[S]] = field(init=False)
 
     def __post_init__(self):
@@ -67,10 +70,14 @@ class ReplicaPool(Generic[S]):
         return cls(tier, replicas)
 
     def pick(self, preferred: str = "", exclude: set[str] = frozenset()) -> Replica[S]:
-        now = time.monotonic()
-        live = [r for r in self.replicas if r.address not in exclude and r.down_until <= now]
-        if not live:
+        candidates = [r for r in self.replicas if r.address not in exclude]
+        if not candidates:
             raise Unavailable(f"no {self.tier} replica is reachable ({', '.join(self._by_address)})")
+        now = time.monotonic()
+        # A replica marked down is skipped while others are up. When all are down, the one
+        # that went down first is tried again: behind a Kubernetes Service one address
+        # stands for many pods, and the retry reaches a live one.
+        live = [r for r in candidates if r.down_until <= now] or [min(candidates, key=lambda r: r.down_until)]
         for r in live:
             if r.address == preferred:
                 return r
@@ -88,7 +95,14 @@ class ReplicaPool(Generic[S]):
         """
         tried: set[str] = set()
         preferred, start = handle.replica, handle.cached_len
-        for _ in range(2 * len(self.replicas) + 1):
+        deadline = time.monotonic() + self.retry_s
+        while True:
+            if len(tried) == len(self.replicas):
+                if time.monotonic() >= deadline:
+                    raise Unavailable(f"no {self.tier} replica answered within {self.retry_s:.0f} s "
+                                      f"({', '.join(self._by_address)})")
+                await asyncio.sleep(self.cooldown_s / 4)   # every replica failed once: back off, then again
+                tried.clear()
             replica = self.pick(preferred, tried)
             if replica.address != handle.replica:
                 start = 0
@@ -101,17 +115,15 @@ class ReplicaPool(Generic[S]):
                     preferred, start = replica.address, 0
                     handle = Handle(replica.address, handle.cache_id, 0)
                     continue
-                if error.code() in _RETRYABLE:
-                    log.warning("%s %s unreachable (%s); trying another replica", self.tier, replica.address,
-                                error.code().name)
-                    self.mark_down(replica)
-                    tried.add(replica.address)
-                    preferred = ""
-                    continue
-                raise RemoteError(self.tier, error) from error
+                if error.code() not in _RETRYABLE:
+                    raise RemoteError(self.tier, error) from error
+                log.warning("%s %s unreachable (%s); trying another replica", self.tier, replica.address,
+                            error.code().name)
+                self.mark_down(replica)
+                tried.add(replica.address)
+                preferred = ""
             finally:
                 replica.in_flight -= 1
-        raise Unavailable(f"no {self.tier} replica could serve the call")
 
     async def close(self) -> None:
         for r in self.replicas:

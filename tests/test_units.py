@@ -1,0 +1,79 @@
+"""Small pieces: n-gram lookup, streamed text and stop strings, the session
+store's bounds, configuration from the environment, Redis URL passwords."""
+from __future__ import annotations
+
+import pytest
+
+from draft_service.drafters import REGISTRY
+from draft_service.drafters.ngram import lookup
+from orchestrator.text import TextStream
+from specmesh.cache_store import SessionStore
+from specmesh.config import DraftConfig, OrchestratorConfig, from_env, with_password
+from specmesh.errors import CacheMiss
+from specmesh.kv import TokenHistory
+
+
+def test_ngram_lookup_prefers_longest_and_latest_match():
+    tokens = [1, 2, 3, 9, 1, 2, 3, 4, 5, 7, 2, 3]
+    # suffix (2, 3) last seen followed by 4, 5, 7
+    assert lookup(tokens, 3, max_ngram=3, min_ngram=1) == [4, 5, 7]
+    assert lookup([5, 6, 7], 2, 3, 1) == []
+    assert lookup([1, 2, 1], 4, 3, 1) == [2, 1]          # copies up to the end, never past it
+    assert lookup([8, 8, 8, 8], 2, 3, 1) == [8]
+
+
+def test_drafters_register_themselves():
+    assert {"ngram", "model"} <= set(REGISTRY)
+
+
+def test_token_history_sync_and_cache_miss():
+    h = TokenHistory("s")
+    h.sync(0, [1, 2, 3])
+    h.tokens.extend([7, 8])          # drafts
+    h.sync(4, [9])                   # one draft accepted, then the recovered token
+    assert h.tokens == [1, 2, 3, 7, 9]
+    with pytest.raises(CacheMiss):
+        h.sync(6, [1])
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i != 0)
+
+
+def test_text_stream_holds_back_a_possible_stop_string():
+    ts = TextStream(FakeTokenizer(), stop=["END"])
+    out = ts.update([ord(c) for c in "hello E"], final=False)
+    assert out == "hello"            # "E" could start "END"
+    out += ts.update([ord(c) for c in "hello EN"], final=False)
+    out += ts.update([ord(c) for c in "hello ENDING"], final=False)
+    assert ts.stopped and out == "hello " and ts.text == "hello "
+
+
+def test_text_stream_without_stop_and_final_flush():
+    ts = TextStream(FakeTokenizer())
+    assert ts.update([104, 105], final=False) == "hi"
+    assert ts.update([104, 105, 0xFFFD], final=False) == ""      # incomplete character waits
+    assert ts.update([104, 105, 33], final=True) == "!"
+
+
+def test_session_store_bounds():
+    now = [0.0]
+    store = SessionStore(max_sessions=2, idle_ttl_s=10, clock=lambda: now[0])
+    store.put("a", 1)
+    store.put("b", 2)
+    store.get("a")
+    store.put("c", 3)                # evicts b, the least recently used
+    assert store.get("b") is None and store.get("a") == 1 and len(store) == 2
+    now[0] = 11
+    assert store.get("a") is None and len(store) == 0 and store.evictions == 3
+
+
+def test_config_from_env_and_flags():
+    env = {"SPECMESH_PORT": "6000", "SPECMESH_DRAFT_ADDRS": "a:1, b:2", "REDIS_URL": "redis://r:6379/1",
+           "REDIS_PASSWORD": "s3cr/t", "SPECMESH_MAX_K": "6"}
+    config = from_env(OrchestratorConfig, {"port": 7000, "default_k": None}, environ=env)
+    assert config.port == 7000 and config.draft_addrs == ("a:1", "b:2") and config.max_k == 6
+    assert config.redis_url == "redis://:s3cr%2Ft@r:6379/1"
+    assert from_env(DraftConfig, {}, environ={"SPECMESH_DRAFT_MODEL": "x"}).draft_model == "x"
+    assert with_password("redis://:already@h/0", "other") == "redis://:already@h/0"
