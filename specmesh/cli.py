@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--max-k", type=int, help="[SPECMESH_MAX_K]")
     d.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
     d.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
+    d.add_argument("--torch-threads", type=int, help="torch threads (default 1) [SPECMESH_TORCH_THREADS]")
     d.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
     v = tiers.add_parser("verifier", help="the verifier service [port 50062]")
     v.add_argument("--port", type=int)
@@ -69,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--device", default=None, help="cpu or cuda [SPECMESH_DEVICE]")
     v.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 [SPECMESH_DTYPE]")
     v.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
+    v.add_argument("--max-batch", type=int, help="Verify calls sharing one forward pass, 1 disables [SPECMESH_MAX_BATCH]")
+    v.add_argument("--torch-threads", type=int, help="torch threads (default: every core) [SPECMESH_TORCH_THREADS]")
     v.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
     o = tiers.add_parser("orchestrator", help="the public API [port 50051]")
     o.add_argument("--port", type=int)
@@ -109,14 +112,19 @@ def _serve(args) -> None:
     from specmesh import config as cfg
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "tier")}
+    import torch
+
     if args.tier == "draft":
         from draft_service.server import serve
 
         config = cfg.from_env(cfg.DraftConfig, overrides)
+        torch.set_num_threads(config.torch_threads)
     elif args.tier == "verifier":
         from verifier_service.server import serve
 
         config = cfg.from_env(cfg.VerifierConfig, overrides)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
     else:
         from orchestrator.server import serve
 

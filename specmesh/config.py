@@ -26,6 +26,9 @@ class DraftConfig:
     # Per-session state is cheap to lose (Redis can rebuild it), so bound it hard.
     max_sessions: int = 256
     session_idle_s: float = 600.0
+    # torch intra-op threads. Drafting is latency-bound small work: one thread,
+    # leaving the cores to the verifier when the tiers share a machine.
+    torch_threads: int = 1
     metrics_port: int | None = None
 
 
@@ -37,10 +40,12 @@ class VerifierConfig:
     dtype: str | None = None
     max_sessions: int = 64
     session_idle_s: float = 600.0
-    # Verify calls from different sessions arriving within this window share
-    # one forward pass (0 disables batching).
-    batch_window_ms: float = 2.0
+    # Verify calls that queue while the model is busy share its next forward
+    # pass (up to max_batch; 1 disables batching). A window > 0 also holds a
+    # lone call that long for company: more throughput, more latency.
+    batch_window_ms: float = 0.0
     max_batch: int = 16
+    torch_threads: int = 0              # 0: torch's default (every core)
     metrics_port: int | None = None
 
 
@@ -86,6 +91,7 @@ SETTING_ENV = {
     "max_active_sessions": "SPECMESH_MAX_ACTIVE_SESSIONS",
     "rpc_timeout_s": "SPECMESH_RPC_TIMEOUT_S",
     "metrics_port": "SPECMESH_METRICS_PORT",
+    "torch_threads": "SPECMESH_TORCH_THREADS",
 }
 
 

@@ -36,7 +36,7 @@ class KVSession(TokenHistory):
         self.model = model
         self.cache = DynamicCache(config=model.config)
         # transformers 5.x renamed the forward argument `past_key_values` to `cache`.
-        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @property
     def cached_len(self) -> int:
@@ -47,20 +47,40 @@ class KVSession(TokenHistory):
         if self.cached_len > start:   # entries past the committed prefix may be rejected drafts
             self.cache.crop(start - self.cached_len)
 
-    @torch.inference_mode()
-    def forward(self, extra: Sequence[int] = ()) -> torch.Tensor:
-        """Feed every token not yet cached plus `extra`; return the logits that
-        predict the positions len(tokens) .. len(tokens) + len(extra).
+    def trim_for_forward(self) -> int:
+        """Crop the cache so at least the last known token is fed again; return the cached length.
 
-        Returns [len(extra) + 1, V]. The last known token is always re-fed when
-        the cache already covers everything, because its logits are needed.
+        Its logits are needed, and a cache that already covers every token has none to give.
         """
-        assert self.tokens, "forward() before any token was synced"
         keep = min(self.cached_len, len(self.tokens) - 1)
         if keep < self.cached_len:
             self.cache.crop(keep - self.cached_len)   # negative: drop that many from the end
+        return keep
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        entry = self.cache.layers[layer]
+        return entry.keys, entry.values                # [1, H, cached_len, D] each
+
+    def replace_cache(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Install a cache built elsewhere (a batched forward): one (keys, values) pair per layer."""
+        self.cache = DynamicCache(config=self.model.config)
+        for index, (keys, values) in enumerate(layers):
+            self.cache.update(keys, values, index)
+
+    @torch.inference_mode()
+    def forward(self, extra: Sequence[int] = (), last_only: bool = False) -> torch.Tensor:
+        """Feed every token not yet cached plus `extra`; return the logits that
+        predict the positions len(tokens) .. len(tokens) + len(extra).
+
+        Returns [len(extra) + 1, V], or [1, V] (the last position) with `last_only`,
+        which skips the output projection for the other positions.
+        """
+        assert self.tokens, "forward() before any token was synced"
+        keep = self.trim_for_forward()
         feed = self.tokens[keep:] + list(extra)
         input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)  # [1, T]
-        logits = self.model(input_ids=input_ids, use_cache=True, **{self._cache_arg: self.cache}).logits[0]  # [T, V]
+        rows = 1 if last_only else len(extra) + 1
+        logits = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,
+                            **{self.cache_arg: self.cache}).logits[0]                  # [rows, V]
         self.tokens.extend(extra)
-        return logits[-(len(extra) + 1):].float()   # [len(extra) + 1, V]
+        return logits[-rows:].float()

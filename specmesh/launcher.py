@@ -85,6 +85,11 @@ class Cluster:
 
     def _spawn(self, name: str, tier: str, args: list[str]) -> subprocess.Popen:
         env = {**os.environ, **self.extra_env}
+        if tier == "verifier" and "SPECMESH_TORCH_THREADS" not in env:
+            # The tiers share this machine: leave a core to the draft and the orchestrator.
+            # torch threads that outnumber free cores spin against each other and a step
+            # can take tens of times longer.
+            env["SPECMESH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 2) - 1))
         out: IO | None = None
         log_path = None
         if self.log_dir is not None:

@@ -17,6 +17,7 @@ from specmesh.kv import KVSession
 from specmesh.models import LoadedModel
 from specmesh.proposal import DraftProposal
 from specmesh.sampling import SamplingParams, Scores, process_logits, score_draft
+from verifier_service.batching import batched_forward
 
 log = logging.getLogger("specmesh.verifier")
 
@@ -46,6 +47,34 @@ class TargetEngine:
 
     def verify(self, session_id: str, start: int, tail: Sequence[int], drafts: Sequence[DraftProposal],
                params: SamplingParams, seed: int) -> tuple[Scores, int]:
+        result = self.verify_batch([(session_id, start, tail, drafts, params, seed)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def verify_batch(self, calls: Sequence[tuple]) -> list[tuple[Scores, int] | Exception]:
+        """Several sessions' Verify in one forward pass; each call's error stays its own."""
+        results: list = [None] * len(calls)
+        ready = []
+        for i, call in enumerate(calls):
+            try:
+                ready.append((i, self._sync(*call[:4]), call))
+            except Exception as error:  # noqa: BLE001 - reported to that caller only
+                results[i] = error
+        if ready:
+            sessions = [session for _, session, _ in ready]
+            first_positions = [len(session.tokens) for session in sessions]   # position of draft token 0
+            drafts = [[d.token_id for d in call[3]] for _, _, call in ready]
+            rows = batched_forward(self.model, sessions, drafts)                # each [k_i + 1, V]
+            for (i, session, call), logits, position in zip(ready, rows, first_positions):
+                _, _, _, proposals, params, seed = call
+                probs = process_logits(logits, params)                          # [k + 1, V]
+                scores = score_draft(probs, [d.token_id for d in proposals], [d.q_ids for d in proposals],
+                                     [d.q_probs for d in proposals], seed, position)
+                results[i] = (scores, len(session.tokens))
+        return results
+
+    def _sync(self, session_id: str, start: int, tail: Sequence[int], drafts: Sequence[DraftProposal]) -> KVSession:
         self._check_tokens("sync.token_ids", tail)
         self._check_tokens("draft_tokens", [d.token_id for d in drafts])
         if start == 0:   # a full resend (first call, or repairing a cache miss) starts afresh
@@ -57,12 +86,7 @@ class TargetEngine:
         if not session.tokens:
             raise InvalidArgument("sync", "the session has no tokens")
         self._check_context(len(session.tokens) + len(drafts) + 1)
-        first_position = len(session.tokens)          # absolute position of draft token 0
-        logits = session.forward([d.token_id for d in drafts])   # [k + 1, V]
-        probs = process_logits(logits, params)                     # [k + 1, V]
-        scores = score_draft(probs, [d.token_id for d in drafts], [d.q_ids for d in drafts],
-                             [d.q_probs for d in drafts], seed, first_position)
-        return scores, len(session.tokens)
+        return session
 
     def release(self, session_id: str) -> bool:
         return self.sessions.pop(session_id) is not None

@@ -9,6 +9,7 @@ from specmesh.models import load_model
 from specmesh import telemetry
 from specmesh.server import EngineHost, ServiceRuntime
 from specmesh.v1 import verifier_pb2_grpc
+from verifier_service.batching import VerifyBatcher
 from verifier_service.engine import TargetEngine
 from verifier_service.servicer import SERVICE_NAME, VerifierServicer
 
@@ -19,7 +20,7 @@ async def serve(config: VerifierConfig) -> None:
     runtime = ServiceRuntime([SERVICE_NAME], config.port)
     host = EngineHost("target model")
     telemetry.observe_engine("verifier", host)
-    servicer = VerifierServicer(host)
+    servicer = VerifierServicer(host, VerifyBatcher(host, config.max_batch, config.batch_window_ms / 1000))
     await runtime.start(lambda server: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server))
     loaded = await asyncio.to_thread(load_model, config.model, device=config.device, dtype=config.dtype)
     host.engine = TargetEngine(loaded, config)

@@ -5,13 +5,15 @@ from specmesh import wire
 from specmesh.errors import InvalidArgument
 from specmesh.server import EngineHost
 from specmesh.v1 import cache_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.batching import VerifyBatcher
 
 SERVICE_NAME = "specmesh.v1.Verifier"
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    def __init__(self, host: EngineHost):
+    def __init__(self, host: EngineHost, batcher: VerifyBatcher | None = None):
         self.host = host
+        self.batcher = batcher or VerifyBatcher(host, max_batch=1)
 
     async def Prefill(self, request, context):
         if not request.session_id:
@@ -23,8 +25,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         if not request.session_id:
             raise InvalidArgument("session_id", "must not be empty")
         drafts = [wire.proposal_from_pb(d) for d in request.draft_tokens]
-        scores, cached_len = await self.host.call(
-            "verify", request.session_id, request.sync.start, list(request.sync.token_ids),
+        self.host.require()
+        scores, cached_len = await self.batcher.submit(
+            request.session_id, request.sync.start, list(request.sync.token_ids),
             drafts, wire.sampling_from_pb(request.sampling), request.seed)
         return verifier_pb2.VerifyResponse(target_probs=scores.target_probs, recovered_tokens=scores.recovered_tokens,
                                            bonus_token=scores.bonus_token, cached_len=cached_len)

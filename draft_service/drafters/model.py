@@ -37,13 +37,13 @@ class ModelDrafter(Drafter):
     def propose(self, state: KVSession, k: int, params: SamplingParams, seed: int,
                 top_n: int) -> list[DraftProposal]:
         proposals: list[DraftProposal] = []
-        logits = state.forward()                       # [1, V]: predicts position len(state.tokens)
+        logits = state.forward(last_only=True)          # [1, V]: predicts position len(state.tokens)
         for i in range(k):
             probs = process_logits(logits[-1], params)  # [V]
             token, q_ids, q_probs = draft_token(probs, top_n, seed, len(state.tokens))
             proposals.append(DraftProposal(token, q_ids, q_probs))
             if i + 1 < k:
-                logits = state.forward([token])       # [1, V]
+                logits = state.forward([token], last_only=True)  # [1, V]
             else:
                 state.tokens.append(token)            # seen, not yet cached: no logits needed past k
         return proposals

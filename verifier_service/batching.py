@@ -1,0 +1,118 @@
+"""Verify calls from different sessions share one forward pass.
+
+Calls that arrive while the model is busy wait in a queue; when it frees up,
+every waiting call (up to max_batch) goes into the next forward pass together.
+One session alone pays no extra latency; under load, the per-token weight
+reads are shared, which is where a memory-bound accelerator gains throughput.
+
+Sessions have caches of different lengths and feed different numbers of
+tokens, so the batch is built with each cache left-padded to the longest and
+each input right-padded, masked by the attention mask, with explicit position
+ids; afterwards each session gets its own unpadded cache back.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from specmesh.kv import KVSession
+
+
+@torch.inference_mode()
+def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """KVSession.forward for several sessions in one pass; same results, row for row."""
+    if len(sessions) == 1:
+        return [sessions[0].forward(extras[0])]
+    feeds, lengths = [], []
+    for s, extra in zip(sessions, extras):
+        keep = s.trim_for_forward()
+        feeds.append(s.tokens[keep:] + list(extra))
+        lengths.append(keep)
+    n, past, width = len(sessions), max(lengths), max(len(f) for f in feeds)
+    device = model.device
+    input_ids = torch.zeros(n, width, dtype=torch.long, device=device)               # [n, T]
+    mask = torch.zeros(n, past + width, dtype=torch.long, device=device)             # [n, L + T]
+    positions = torch.zeros(n, width, dtype=torch.long, device=device)               # [n, T]
+    for i, (feed, length) in enumerate(zip(feeds, lengths)):
+        input_ids[i, :len(feed)] = torch.tensor(feed, device=device)
+        mask[i, past - length:past + len(feed)] = 1
+        positions[i] = torch.arange(length, length + width, device=device)
+    batch_cache = DynamicCache(config=model.config)
+    for layer in range(len(sessions[0].cache.layers) if past else 0):
+        keys, values = [], []
+        for s, length in zip(sessions, lengths):
+            k, v = s.layer_kv(layer)                                                   # [1, H, length, D]
+            pad = past - length
+            keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+            values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+        batch_cache.update(torch.cat(keys), torch.cat(values), layer)                  # [n, H, L, D]
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                **{sessions[0].cache_arg: batch_cache})
+    logits = out.logits.float()                                                        # [n, T, V]
+    rows = []
+    for i, (s, feed, length, extra) in enumerate(zip(sessions, feeds, lengths, extras)):
+        layers = [(layer.keys[i:i + 1, :, past - length:past + len(feed)].contiguous(),
+                   layer.values[i:i + 1, :, past - length:past + len(feed)].contiguous())
+                  for layer in batch_cache.layers]
+        s.replace_cache(layers)
+        s.tokens.extend(extra)
+        rows.append(logits[i, len(feed) - len(extra) - 1:len(feed)])                   # [len(extra) + 1, V]
+    return rows
+
+
+@dataclass
+class _Pending:
+    args: tuple
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class VerifyBatcher:
+    """Feeds queued Verify calls to `host.call("verify_batch", [args, ...])`."""
+
+    def __init__(self, host, max_batch: int, window_s: float = 0.0):
+        self.host = host
+        self.max_batch = max(1, max_batch)
+        self.window_s = window_s
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self.batches = 0
+        self.batched_calls = 0
+
+    @property
+    def depth(self) -> int:
+        return self.queue.qsize()
+
+    async def submit(self, *args) -> Any:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        pending = _Pending(args)
+        await self.queue.put(pending)
+        return await pending.future
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            if self.window_s and self.queue.empty():
+                await asyncio.sleep(self.window_s)
+            while len(batch) < self.max_batch and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            batch = [p for p in batch if not p.future.cancelled()]
+            if not batch:
+                continue
+            self.batches += 1
+            self.batched_calls += len(batch)
+            try:
+                results = await self.host.call("verify_batch", [p.args for p in batch])
+            except Exception as error:  # noqa: BLE001 - the engine failed as a whole: fail every caller
+                results = [error] * len(batch)
+            for pending, result in zip(batch, results):
+                if pending.future.cancelled():
+                    continue
+                if isinstance(result, Exception):
+                    pending.future.set_exception(result)
+                else:
+                    pending.future.set_result(result)
