@@ -162,8 +162,9 @@ class EngineHost:
             raise Unavailable(f"the {self._what} is still loading")
         return self.engine
 
-    async def call(self, method: str, *args):
-        job = self.queue.submit(method, getattr(self.require(), method), *args)
+    async def call(self, method: str, *args, parents=None):
+        """`parents` (telemetry.capture() of each call): when one run serves several queued calls."""
+        job = self.queue.submit(method, getattr(self.require(), method), *args, parents=parents)
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, job)
         finally:

@@ -26,8 +26,9 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 log = logging.getLogger("specmesh.telemetry")
@@ -52,6 +53,7 @@ ATTR_BONUS = "specmesh.bonus"
 ATTR_NEW_TOKENS = "specmesh.new_tokens"
 ATTR_K = "specmesh.k"
 ATTR_QUEUE_WAIT = "specmesh.queue_wait_s"
+ATTR_BATCH_SIZE = "specmesh.batch_size"
 
 # Metric names as instruments see them; Prometheus shows counters with `_total`.
 SPEC_DECODE_NUM_DRAFTS = "specmesh_spec_decode_num_drafts"
@@ -446,11 +448,20 @@ class EngineQueue:
     def __init__(self):
         self._lock = threading.Lock()
         self.depth = 0
+        # Calls queued in front of this queue (a batcher's), counted as waiting too.
+        self.waiting_elsewhere: list[Callable[[], int]] = []
 
-    def submit(self, method: str, fn: Callable, *args) -> "_EngineJob":
+    @property
+    def waiting(self) -> int:
+        """What the queue-depth gauge shows: calls here not yet started, plus those queued elsewhere."""
+        return self.depth + sum(count() for count in self.waiting_elsewhere)
+
+    def submit(self, method: str, fn: Callable, *args, parents: "Sequence[Parent] | None" = None) -> "_EngineJob":
+        """`parents`: for a job serving several queued calls at once (a batch), each call's
+        trace context and arrival; each call then gets its own span over the shared run."""
         with self._lock:
             self.depth += 1
-        return _EngineJob(self, method, fn, args)
+        return _EngineJob(self, method, fn, args, parents)
 
     def _leave(self, job: "_EngineJob") -> bool:
         with self._lock:
@@ -461,11 +472,25 @@ class EngineQueue:
             return True
 
 
-class _EngineJob:
-    __slots__ = ("queue", "method", "fn", "args", "context", "submitted", "left")
+class Parent(NamedTuple):
+    """A call queued on its way to the model thread (by a batcher): its trace context
+    (None with tracing off) and when it arrived."""
 
-    def __init__(self, queue: EngineQueue, method: str, fn: Callable, args: tuple):
-        self.queue, self.method, self.fn, self.args = queue, method, fn, args
+    context: object | None
+    submitted: float
+
+
+def capture() -> Parent:
+    """The current call as a Parent, to pass along with it through a queue."""
+    return Parent(otel_context.get_current() if _tracer_provider is not None else None, time.perf_counter())
+
+
+class _EngineJob:
+    __slots__ = ("queue", "method", "fn", "args", "context", "submitted", "left", "parents")
+
+    def __init__(self, queue: EngineQueue, method: str, fn: Callable, args: tuple,
+                 parents: Sequence[Parent] | None = None):
+        self.queue, self.method, self.fn, self.args, self.parents = queue, method, fn, args, parents
         self.context = contextvars.copy_context()
         self.submitted = time.perf_counter()
         self.left = False
@@ -480,6 +505,8 @@ class _EngineJob:
         self.queue._leave(self)
 
     def _run(self, started: float):
+        if self.parents is not None:
+            return self._run_for(self.parents, started)
         wait = started - self.submitted
         with tracer().start_as_current_span(SPAN_ENGINE.format(method=self.method)) as span:
             if span.is_recording():
@@ -493,30 +520,67 @@ class _EngineJob:
                     inst.engine_queue_wait.record(wait, attrs)
                     inst.engine_call_duration.record(time.perf_counter() - started, attrs)
 
+    def _run_for(self, parents: Sequence[Parent], started: float):
+        """One run serving several calls: each call's trace gets an `engine.<method>` span
+        over it (same start and end, `specmesh.batch_size`), each call's wait is recorded."""
+        start_ns, error = time.time_ns(), None
+        try:
+            return self.fn(*self.args)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            end_ns, ended = time.time_ns(), time.perf_counter()
+            name = SPAN_ENGINE.format(method=self.method)
+            for parent in parents:
+                if parent.context is None:
+                    continue
+                span = tracer().start_span(name, context=parent.context, start_time=start_ns, attributes={
+                    ATTR_QUEUE_WAIT: started - parent.submitted, ATTR_BATCH_SIZE: len(parents)})
+                if error is not None:
+                    span.record_exception(error)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                span.end(end_time=end_ns)
+            if _meter_provider is not None:
+                inst = instruments()
+                attrs = {"tier": _tier, "method": self.method}
+                for parent in parents:
+                    inst.engine_queue_wait.record(started - parent.submitted, attrs)
+                inst.engine_call_duration.record(ended - started, attrs)
 
-def tensor_bytes(tensor) -> int:
-    """Memory behind a tensor: its storage (a cropped cache tensor is a view of a larger one)."""
+
+def tensor_bytes(tensor, seen: set | None = None) -> int:
+    """Memory behind a tensor: its storage, counted once per `seen` set (a cropped cache
+    tensor is a view of a larger one; a batched forward leaves sessions sharing one)."""
     if tensor is None:
         return 0
     try:
-        return tensor.untyped_storage().nbytes()
+        storage = tensor.untyped_storage()
+        if seen is not None:
+            key = (storage.device.type, storage.data_ptr())
+            if key in seen:
+                return 0
+            seen.add(key)
+        return storage.nbytes()
     except (AttributeError, RuntimeError):
         return getattr(tensor, "nbytes", 0) or 0
 
 
-def cache_nbytes(cache) -> int:
+def cache_nbytes(cache, seen: set | None = None) -> int:
     """Bytes held by a transformers cache's tensors (DynamicCache layers or the older key/value lists)."""
     if cache is None:
         return 0
+    seen = set() if seen is None else seen
     total = 0
     layers = getattr(cache, "layers", None)
     if layers is not None:
         for layer in list(layers):
-            total += tensor_bytes(getattr(layer, "keys", None)) + tensor_bytes(getattr(layer, "values", None))
+            total += tensor_bytes(getattr(layer, "keys", None), seen)
+            total += tensor_bytes(getattr(layer, "values", None), seen)
         return total
     for name in ("key_cache", "value_cache"):
         for tensor in list(getattr(cache, name, ()) or ()):
-            total += tensor_bytes(tensor)
+            total += tensor_bytes(tensor, seen)
     return total
 
 
@@ -550,7 +614,7 @@ def observe_engine(tier_name: str, host) -> None:
         return getattr(engine, "sessions", None) if engine is not None else None
 
     def queue_depth(options):
-        yield metrics.Observation(host.queue.depth, attrs)
+        yield metrics.Observation(host.queue.waiting, attrs)
 
     def cached_sessions(options):
         store = sessions()
@@ -558,11 +622,11 @@ def observe_engine(tier_name: str, host) -> None:
 
     def kv_bytes(options):
         store = sessions()
-        total = 0
+        total, seen = 0, set()
         if store is not None:
             for state in _session_states(store):
                 try:
-                    total += cache_nbytes(_state_cache(state))
+                    total += cache_nbytes(_state_cache(state), seen)
                 except Exception:  # noqa: BLE001 - a scrape must never fail on a racing cache
                     continue
         yield metrics.Observation(total, attrs)

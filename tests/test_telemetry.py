@@ -135,7 +135,12 @@ def test_one_trace_spans_the_three_processes(observed):
             assert server["status"] != "ERROR"
             # ... and under it the model-thread work.
             (engine,) = children[server["span_id"]]
-            assert engine["name"] == telemetry.SPAN_ENGINE.format(method=client["name"].rsplit("/", 1)[1].lower())
+            # (Verify calls go through the verifier's batcher: one `verify_batch` run may serve several.)
+            method = "propose" if client["name"] == PROPOSE else "verify_batch"
+            assert engine["name"] == telemetry.SPAN_ENGINE.format(method=method)
+            if method == "verify_batch":
+                assert engine["attributes"][telemetry.ATTR_BATCH_SIZE] == 1   # one session: nothing to batch with
+            assert engine["attributes"][telemetry.ATTR_QUEUE_WAIT] >= 0
             assert engine["start_ns"] >= server["start_ns"] and engine["end_ns"] <= server["end_ns"]
 
     # Every span hangs off the Generate span: nothing is orphaned.
@@ -145,6 +150,20 @@ def test_one_trace_spans_the_three_processes(observed):
     # Prompts and outputs go into no span.
     text = json.dumps(spans)
     assert "hello world" not in text and observed["completion"].text not in text
+
+
+def test_a_rejected_call_carries_its_status_code(observed):
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    deadline = time.monotonic() + 30
+    while True:
+        rejected = [s for s in telemetry.read_spans(observed["spans"].glob("*.jsonl"))
+                    if s["name"] == GENERATE and s["attributes"].get("rpc.grpc.status_code") == invalid]
+        if rejected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(rejected) == 1                                 # the k=-1 request
+    # OTel conventions: a client's mistake is no server error (only INTERNAL, UNAVAILABLE, ... set ERROR).
+    assert rejected[0]["status"] != "ERROR" and rejected[0]["kind"] == "SERVER"
 
 
 def test_logs_carry_trace_and_session(observed):
@@ -194,7 +213,8 @@ def test_metrics_match_the_run(observed):
     assert _value(v, "specmesh_rpc_requests_total", method=VERIFY, code="OK", tier="verifier") == stats.steps
     assert _value(v, "specmesh_rpc_requests_total", method=PREFILL, code="OK") == 1
     assert _value(v, "specmesh_rpc_errors_total") == 0
-    assert _value(v, "specmesh_engine_call_duration_seconds_count", method="verify") == stats.steps
+    assert _value(v, "specmesh_engine_call_duration_seconds_count", method="verify_batch") == stats.steps
+    assert _value(v, "specmesh_engine_queue_wait_seconds_count", method="verify_batch") == stats.steps
     assert _value(v, "specmesh_verifier_queue_depth", tier="verifier") == 0
     assert _value(v, "specmesh_cached_sessions", tier="verifier") == 0      # released at the end
     assert _value(v, "specmesh_kv_cache_bytes", tier="verifier") == 0
@@ -348,3 +368,40 @@ def test_engine_queue_counts_calls_waiting_for_the_model_thread():
         assert host.queue.depth == 0
 
     asyncio.run(main())
+
+
+def test_batched_verify_calls_each_keep_their_trace(observed):
+    """Concurrent sessions share verifier forward passes; every trace still shows the one its Verify rode on."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = ["hello world, hello", "the cat sat on the mat", "abc abc abc", "one two three one two"]
+    with Client(observed["cluster"].address) as client:
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            completions = list(pool.map(lambda p: client.generate(p, max_new_tokens=16, k=3), prompts))
+    sessions = {c.session_id for c in completions}
+    deadline = time.monotonic() + 30
+    while True:
+        spans = telemetry.read_spans(observed["spans"].glob("*.jsonl"))
+        roots = {s["attributes"].get(telemetry.ATTR_SESSION): s for s in spans
+                 if s["name"] == GENERATE and s["kind"] == "SERVER"}
+        if sessions <= roots.keys() or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    children = defaultdict(list)
+    for s in spans:
+        children[s["parent_span_id"]].append(s)
+    batch_sizes = []
+    for completion in completions:
+        trace_id = roots[completion.session_id]["trace_id"]
+        verifies = [s for s in spans if s["trace_id"] == trace_id and s["name"] == VERIFY and s["kind"] == "SERVER"]
+        assert len(verifies) == completion.stats.steps
+        for verify in verifies:
+            (engine,) = children[verify["span_id"]]
+            assert engine["name"] == "engine.verify_batch" and engine["trace_id"] == trace_id
+            batch_sizes.append(engine["attributes"][telemetry.ATTR_BATCH_SIZE])
+    assert all(1 <= b <= len(prompts) for b in batch_sizes)
+    # No engine span of the verifier is left outside a Verify (the batch loop runs under no caller's span).
+    by_id = {s["span_id"]: s for s in spans}
+    for s in spans:
+        if s["name"] == "engine.verify_batch":
+            assert by_id[s["parent_span_id"]]["name"] == VERIFY

@@ -13,12 +13,14 @@ ids; afterwards each session gets its own unpadded cache back.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache
 
+from specmesh import telemetry
 from specmesh.kv import KVSession
 
 
@@ -68,6 +70,7 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
 class _Pending:
     args: tuple
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    parent: telemetry.Parent = field(default_factory=telemetry.capture)   # the caller's trace context
 
 
 class VerifyBatcher:
@@ -81,6 +84,8 @@ class VerifyBatcher:
         self._task: asyncio.Task | None = None
         self.batches = 0
         self.batched_calls = 0
+        if hasattr(host, "queue"):   # the queue-depth gauge counts calls waiting here too
+            host.queue.waiting_elsewhere.append(self.queue.qsize)
 
     @property
     def depth(self) -> int:
@@ -88,7 +93,8 @@ class VerifyBatcher:
 
     async def submit(self, *args) -> Any:
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            # A fresh context: the loop must not run under the first caller's span.
+            self._task = contextvars.Context().run(asyncio.get_running_loop().create_task, self._run())
         pending = _Pending(args)
         await self.queue.put(pending)
         return await pending.future
@@ -106,7 +112,8 @@ class VerifyBatcher:
             self.batches += 1
             self.batched_calls += len(batch)
             try:
-                results = await self.host.call("verify_batch", [p.args for p in batch])
+                results = await self.host.call("verify_batch", [p.args for p in batch],
+                                               parents=[p.parent for p in batch])
             except Exception as error:  # noqa: BLE001 - the engine failed as a whole: fail every caller
                 results = [error] * len(batch)
             for pending, result in zip(batch, results):
