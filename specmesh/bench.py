@@ -36,6 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--configs", default="ngram:4",
                    help="speculative configurations DRAFTER:K, comma-separated (the k=0 baseline is always run)")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every prompt and configuration this many times, interleaved (less noise)")
     p.add_argument("--no-chat", action="store_true", help="send the raw question instead of a chat turn")
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for json, csv and png")
 
@@ -98,10 +100,10 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
     with Client(address) as client:
         # One untimed request so that lazy initialisation is not billed to the first prompt.
         client.generate("Hello", chat=not args.no_chat, max_new_tokens=4, k=0)
-        total = len(questions) * (len(configs) + 1)
+        total = len(questions) * (len(configs) + 1) * args.repeats
         done = 0
         started = time.perf_counter()
-        for q in questions:
+        for q in [q for q in questions for _ in range(args.repeats)]:
             prompt = q["turns"][0]
             baseline = None
             for drafter, k in [("", 0)] + configs:

@@ -21,12 +21,12 @@ from draft_service.drafters.base import Drafter, register
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     @classmethod
     def from_config(cls, config: DraftConfig) -> "NgramDrafter":
-        return cls()
+        return cls(config.ngram_max, config.ngram_min)
 
     def propose(self, state: TokenHistory, k: int, params: SamplingParams, seed: int,
                 top_n: int) -> list[DraftProposal]:
