@@ -55,13 +55,16 @@ def test_tiny_speculative_equals_target_only(tiny_client, tiny_reference, drafte
 
 def test_tiny_drafts_are_really_accepted_and_rejected(tiny_client):
     """The equality above is only meaningful if both branches of the rule ran."""
-    totals = {"draft": 0, "accepted": 0}
+    totals = {"draft": 0, "accepted": 0, "steps": 0, "tokens": 0}
     for prompt in TINY_PROMPTS:
-        r = tiny_client.generate(prompt, max_new_tokens=40, k=3, drafter="ngram")
-        totals["draft"] += r.stats.draft_tokens
-        totals["accepted"] += r.stats.accepted_tokens
-        assert r.stats.steps < 40, "speculation never committed more than one token per step"
-    assert 0 < totals["accepted"] < totals["draft"]
+        for drafter in ("ngram", "model"):
+            r = tiny_client.generate(prompt, max_new_tokens=40, k=3, drafter=drafter)
+            totals["draft"] += r.stats.draft_tokens
+            totals["accepted"] += r.stats.accepted_tokens
+            totals["steps"] += r.stats.steps
+            totals["tokens"] += r.stats.generated_tokens
+    assert 0 < totals["accepted"] < totals["draft"], totals
+    assert totals["steps"] < totals["tokens"], "speculation never committed more than one token per step"
 
 
 REAL_PROMPTS = [
