@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--verifier-replicas", type=int, default=1)
         p.add_argument("--prompt", default=DEMO_PROMPT, help="the first request, sent once everything serves")
         p.add_argument("--max-new-tokens", type=int, default=96, help="for the first request")
+        p.add_argument("--metrics", action="store_true", help="serve Prometheus /metrics on a free port per process")
         _add_model_flags(p)
     up.add_argument("--no-demo", action="store_true", help="skip the first request")
 
@@ -173,7 +174,8 @@ def _up(args, exit_after_demo: bool = False) -> int:
     from specmesh.launcher import Cluster
 
     cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url,
-                      draft_replicas=args.draft_replicas, verifier_replicas=args.verifier_replicas)
+                      draft_replicas=args.draft_replicas, verifier_replicas=args.verifier_replicas,
+                      metrics=args.metrics)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -186,6 +188,8 @@ def _up(args, exit_after_demo: bool = False) -> int:
         return 1
     try:
         print(f"specmesh orchestrator SERVING at {cluster.address}", flush=True)
+        for name in sorted(cluster.metrics_ports):
+            print(f"  {name} metrics: {cluster.metrics_url(name)}", flush=True)
         if not getattr(args, "no_demo", False):
             _demo(cluster.address, args.prompt, args.max_new_tokens)
         if exit_after_demo:
