@@ -147,10 +147,3 @@ class SessionStore:
 
     async def release(self, session_id: str) -> bool:
         return bool(await self.client.delete(*self.keys(session_id)))
-
-    async def count(self) -> int:
-        """Sessions currently stored (a SCAN: for metrics and tests, not the hot path)."""
-        n = 0
-        async for _ in self.client.scan_iter(match=f"{self.prefix}:session:*", count=500):
-            n += 1
-        return n

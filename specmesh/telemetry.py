@@ -78,6 +78,7 @@ ENGINE_QUEUE_WAIT = "specmesh_engine_queue_wait_seconds"
 CACHED_SESSIONS = "specmesh_cached_sessions"
 KV_CACHE_BYTES = "specmesh_kv_cache_bytes"
 SESSION_EVICTIONS = "specmesh_session_evictions"
+VERIFY_BATCH_SIZE = "specmesh_verify_batch_size"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0)
@@ -363,6 +364,9 @@ class _Instruments:
         self.engine_queue_wait = m.create_histogram(
             ENGINE_QUEUE_WAIT, unit="s", description="Time a call waits for the model thread.",
             explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS)
+        self.verify_batch_size = m.create_histogram(
+            VERIFY_BATCH_SIZE, description="Sessions whose Verify calls shared one target forward pass.",
+            explicit_bucket_boundaries_advisory=(1, 2, 4, 8, 16, 32, 64))
 
 
 _instruments: _Instruments | None = None
@@ -389,6 +393,11 @@ def record_rpc_status(method: str, code) -> None:
     inst.rpc_requests.add(1, attrs)
     if code.name != "OK":
         inst.rpc_errors.add(1, attrs)
+
+
+def record_verify_batch(size: int) -> None:
+    if _meter_provider is not None:
+        instruments().verify_batch_size.record(size, {"tier": _tier})
 
 
 def record_request_start(drafter: str, prompt_tokens: int) -> None:

@@ -56,3 +56,23 @@ def test_concurrent_sessions_get_the_same_greedy_output(tiny_cluster):
             concurrent = list(pool.map(
                 lambda p: client.generate(p, max_new_tokens=32, k=3, drafter="model").token_ids, prompts))
     assert concurrent == sequential
+
+
+def test_batch_sizes_are_exported(tiny_models, redis_url, tmp_path):
+    """Under concurrent load the verifier reports forward passes shared by several sessions."""
+    import urllib.request
+
+    from specmesh.launcher import Cluster
+    from specmesh.redis_server import free_port
+
+    prompts = ["hello world", "the cat sat", "abc abc", "one two three", "x y z", "tea for two"]
+    with Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),
+                 redis_url=redis_url, log_dir=tmp_path, metrics=True) as cluster:
+        with Client(cluster.address) as client, ThreadPoolExecutor(len(prompts)) as pool:
+            list(pool.map(lambda p: client.generate(p, max_new_tokens=48, k=2), prompts))
+        text = urllib.request.urlopen(cluster.metrics_url("verifier"), timeout=10).read().decode()
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("specmesh_verify_batch_size_")}
+    assert values["specmesh_verify_batch_size_count"] > 0
+    # More Verify calls than forward passes: some passes served several sessions.
+    assert values["specmesh_verify_batch_size_sum"] > values["specmesh_verify_batch_size_count"]

@@ -82,8 +82,6 @@ class VerifyBatcher:
         self.window_s = window_s
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._task: asyncio.Task | None = None
-        self.batches = 0
-        self.batched_calls = 0
         if hasattr(host, "queue"):   # the queue-depth gauge counts calls waiting here too
             host.queue.waiting_elsewhere.append(self.queue.qsize)
 
@@ -109,8 +107,7 @@ class VerifyBatcher:
             batch = [p for p in batch if not p.future.cancelled()]
             if not batch:
                 continue
-            self.batches += 1
-            self.batched_calls += len(batch)
+            telemetry.record_verify_batch(len(batch))
             try:
                 results = await self.host.call("verify_batch", [p.args for p in batch],
                                                parents=[p.parent for p in batch])
