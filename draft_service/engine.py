@@ -9,7 +9,7 @@ from specmesh.cache_store import SessionStore
 from specmesh.config import DraftConfig
 from specmesh.errors import InvalidArgument
 from specmesh.kv import TokenHistory
-from specmesh.proposal import DraftProposal
+from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams
 from draft_service.drafters import REGISTRY, Drafter
 
@@ -51,18 +51,20 @@ class DraftEngine:
             raise InvalidArgument("drafter", f"unknown drafter {name!r}; this replica serves {sorted(self.drafters)}")
         if not 0 <= k <= self.max_k:
             raise InvalidArgument("k", f"must be in [0, {self.max_k}], got {k}")
-        if top_n < 1:
-            raise InvalidArgument("top_n", f"must be >= 1, got {top_n}")
+        if not 1 <= top_n <= MAX_PROPOSAL_SUPPORT:
+            raise InvalidArgument("top_n", f"must be in [1, {MAX_PROPOSAL_SUPPORT}], got {top_n}")
         if drafter.vocab_size and any(not 0 <= t < drafter.vocab_size for t in tail):
             raise InvalidArgument("sync.token_ids", f"token ids must be in [0, {drafter.vocab_size})")
         session = self.sessions.get(session_id)
         if start == 0 or session is None or session.drafter != name:
             # A full resend (or a first call) starts afresh; anything else without state is a cache miss.
             session = DraftSession(name, drafter.new_state(session_id))
-            self.sessions.put(session_id, session)
-        session.state.sync(start, tail)
-        if not session.state.tokens:
-            raise InvalidArgument("sync", "the session has no tokens")
+            session.state.sync(start, tail)
+            if not session.state.tokens:
+                raise InvalidArgument("sync", "the session has no tokens")
+            self.sessions.put(session_id, session)   # only once valid: a bad call evicts no one
+        else:
+            session.state.sync(start, tail)
         proposals = drafter.propose(session.state, k, params, seed, top_n) if k else []
         return proposals, len(session.state.tokens)
 

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from specmesh import wire
+from specmesh.config import OrchestratorConfig
 from specmesh.errors import InvalidArgument
 from specmesh.server import EngineHost
 from specmesh.v1 import cache_pb2, draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = "specmesh.v1.Draft"
+DEFAULT_TOP_N = OrchestratorConfig.draft_top_n   # when a caller leaves top_n unset
 
 
 class DraftServicer(draft_pb2_grpc.DraftServicer):
@@ -18,7 +20,7 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
             raise InvalidArgument("session_id", "must not be empty")
         proposals, cached_len = await self.host.call(
             "propose", request.session_id, request.sync.start, list(request.sync.token_ids), request.k,
-            request.drafter, wire.sampling_from_pb(request.sampling), request.seed, request.top_n or 8)
+            request.drafter, wire.sampling_from_pb(request.sampling), request.seed, request.top_n or DEFAULT_TOP_N)
         return draft_pb2.ProposeResponse(tokens=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len)
 
     async def Release(self, request, context):

@@ -115,21 +115,22 @@ class Decoder:
                     if proposals:
                         draft.cached_len = min(draft_len, valid)
                     new, finish = self._cut(result.tokens, generated, req.max_new_tokens)
+                    with tracer.start_as_current_span(telemetry.SPAN_COMMIT):
+                        status = await self.sessions.commit(req.session_id, start, new, stats.steps + 1, draft,
+                                                            verifier)
+                    if status == "cancelled":   # Redis kept nothing of this step: neither does the client
+                        new, finish = [], "cancelled"
                     committed += new
                     stats.steps += 1
                     stats.draft_tokens += len(proposals)
                     stats.accepted_tokens += result.accepted
                     stats.generated_tokens += len(new)
-                    first_token = stats.first_token_at is None
-                    stats.first_token_at = stats.first_token_at or time.perf_counter()
+                    first_token = stats.first_token_at is None and bool(new)
+                    if first_token:
+                        stats.first_token_at = time.perf_counter()
                     delta = text.update(committed[len(req.prompt_ids):], final=bool(finish))
-                    if text.stopped:
+                    if text.stopped and finish != "cancelled":
                         finish = "stop"
-                    with tracer.start_as_current_span(telemetry.SPAN_COMMIT):
-                        status = await self.sessions.commit(req.session_id, start, new, stats.steps, draft, verifier)
-                    if status == "cancelled":
-                        finish = "cancelled"
-                        delta += text.update(committed[len(req.prompt_ids):], final=True)
                     if span.is_recording():
                         span.set_attributes({telemetry.ATTR_STEP: stats.steps, telemetry.ATTR_K: k,
                                              telemetry.ATTR_DRAFT_TOKENS: len(proposals),

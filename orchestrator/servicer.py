@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from orchestrator.decode import Chunk, Decoder
 from orchestrator.requests import Limits, tokenize_prompt, validate
@@ -25,26 +26,29 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             raise Unavailable("the orchestrator is still connecting to its draft and verifier replicas")
         if self.active >= self.max_active_sessions:
             raise ResourceExhausted(f"{self.active} sessions are running, the limit is {self.max_active_sessions}")
-        prompt_ids = await asyncio.to_thread(tokenize_prompt, request, self.decoder.tokenizer)
-        generation = validate(request, prompt_ids, self.limits)
-        self.active += 1
+        self.active += 1   # before the first await, so concurrent calls cannot all slip under the limit
         try:
-            first = True
-            async for chunk in self.decoder.run(generation):
-                yield _chunk_to_pb(chunk, generation if first else None)
-                first = False
+            prompt_ids = await asyncio.to_thread(tokenize_prompt, request, self.decoder.tokenizer)
+            generation = validate(request, prompt_ids, self.limits)
+            # aclosing: a client that goes away still releases the session now, not at garbage collection.
+            async with contextlib.aclosing(self.decoder.run(generation)) as chunks:
+                first = True
+                async for chunk in chunks:
+                    yield _chunk_to_pb(chunk, generation if first else None)
+                    first = False
         finally:
             self.active -= 1
 
     async def GenerateUnary(self, request, context):
         reply = orchestrator_pb2.GenerateResponse()
-        async for chunk in self.Generate(request, context):
-            reply.session_id = chunk.session_id
-            reply.seed = reply.seed or chunk.seed
-            reply.text += chunk.text
-            reply.token_ids.extend(chunk.token_ids)
-            reply.finish_reason = chunk.finish_reason
-            reply.stats.CopyFrom(chunk.stats)
+        async with contextlib.aclosing(self.Generate(request, context)) as chunks:
+            async for chunk in chunks:
+                reply.session_id = chunk.session_id
+                reply.seed = reply.seed or chunk.seed
+                reply.text += chunk.text
+                reply.token_ids.extend(chunk.token_ids)
+                reply.finish_reason = chunk.finish_reason
+                reply.stats.CopyFrom(chunk.stats)
         return reply
 
     async def Cancel(self, request, context):

@@ -19,6 +19,7 @@ import struct
 import time
 from dataclasses import asdict, dataclass
 
+import grpc
 import redis.asyncio as redis
 
 from specmesh.errors import AlreadyExists, NotFound, ServiceError
@@ -84,6 +85,8 @@ class SessionRecord:
 
 class CommitConflict(ServiceError):
     """Another writer changed the session: two streams must not drive one session."""
+
+    code = grpc.StatusCode.ABORTED
 
 
 def pack(tokens: list[int]) -> bytes:

@@ -3,7 +3,8 @@
 Both the draft and the verifier keep KV caches in process memory (they are
 cheap to lose: Redis holds what rebuilds them). Memory is bounded by a maximum
 number of sessions with least-recently-used eviction and by an idle TTL; an
-evicted session simply gets a cache miss and is re-prefilled.
+evicted session simply gets a cache miss, and the orchestrator rebuilds it
+by resending the committed tokens (start = 0).
 """
 from __future__ import annotations
 

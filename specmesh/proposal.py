@@ -6,6 +6,11 @@ from dataclasses import dataclass
 import torch
 
 
+# The most tokens a truncated proposal may carry: keeps a step's messages
+# O(k * support), never O(k * vocabulary), whatever a caller asks for.
+MAX_PROPOSAL_SUPPORT = 64
+
+
 @dataclass(frozen=True)
 class DraftProposal:
     """One draft token and the truncated proposal q it was sampled from.

@@ -8,6 +8,7 @@ calls and gives in-flight ones `grace_s` to finish before they are cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from typing import Awaitable, Callable, Iterable
@@ -75,8 +76,9 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
     def _wrap_stream(self, method, behavior):
         async def wrapped(request, context):
             try:
-                async for item in behavior(request, context):
-                    yield item
+                async with contextlib.aclosing(behavior(request, context)) as items:
+                    async for item in items:
+                        yield item
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception as error:  # noqa: BLE001

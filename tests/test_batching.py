@@ -76,3 +76,38 @@ def test_batch_sizes_are_exported(tiny_models, redis_url, tmp_path):
     assert values["specmesh_verify_batch_size_count"] > 0
     # More Verify calls than forward passes: some passes served several sessions.
     assert values["specmesh_verify_batch_size_sum"] > values["specmesh_verify_batch_size_count"]
+
+
+def test_fresh_and_warm_sessions_batch_together(target):
+    """A session rebuilding after a cache miss (no cache yet) can share a pass with warm ones."""
+    model = target.model
+    warm_solo, warm_batch = _session(model, [5, 6, 7], "w1"), _session(model, [5, 6, 7], "w2")
+    warm_solo.forward()
+    warm_batch.forward()
+    fresh_solo, fresh_batch = _session(model, [9, 8, 7, 6], "f1"), _session(model, [9, 8, 7, 6], "f2")
+    expected = [fresh_solo.forward([1]), warm_solo.forward([2, 3])]
+    got = batched_forward(model, [fresh_batch, warm_batch], [[1], [2, 3]])
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+
+
+def test_one_session_twice_in_a_batch_runs_in_order(target):
+    """Two queued calls for one session must not share a pass over its one cache."""
+    from specmesh.config import VerifierConfig
+    from specmesh.proposal import DraftProposal
+    from specmesh.sampling import SamplingParams
+    from verifier_service.engine import TargetEngine
+
+    def calls(engine):
+        engine.prefill("s", [5, 6, 7, 8])
+        p = DraftProposal.point_mass
+        return [("s", 4, [], [p(3)], SamplingParams(), 1), ("s", 5, [4], [p(2), p(1)], SamplingParams(), 1)]
+
+    one_by_one = TargetEngine(target, VerifierConfig())
+    sequential = [one_by_one.verify_batch([c])[0] for c in calls(one_by_one)]
+    together = TargetEngine(target, VerifierConfig())
+    batched = together.verify_batch(calls(together))
+    assert [r[1] for r in batched] == [r[1] for r in sequential]
+    assert [r[0] for r in batched] == [r[0] for r in sequential]
+    session = together.sessions.get("s")
+    assert session.cached_len == len(session.tokens) == 8

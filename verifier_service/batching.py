@@ -21,14 +21,26 @@ import torch
 from transformers import DynamicCache
 
 from specmesh import telemetry
+from specmesh.errors import ResourceExhausted
 from specmesh.kv import KVSession
 
 
 @torch.inference_mode()
 def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """KVSession.forward for several sessions in one pass; same results, row for row."""
-    if len(sessions) == 1:
-        return [sessions[0].forward(extras[0])]
+    """KVSession.forward for several sessions in one pass; same results, row for row.
+
+    Sessions without any cache yet (a first call, or one rebuilding after a cache
+    miss) run on their own: their whole prompt is the work, and an empty cache has
+    no tensors to pad.
+    """
+    fresh = [i for i, s in enumerate(sessions) if s.cached_len == 0]
+    if fresh and len(sessions) > 1:
+        warm = [i for i in range(len(sessions)) if i not in fresh]
+        rows = dict(zip(warm, batched_forward(model, [sessions[i] for i in warm], [extras[i] for i in warm])))
+        rows.update({i: sessions[i].forward(extras[i]) for i in fresh})
+        return [rows[i] for i in range(len(sessions))]
+    if len(sessions) <= 1:
+        return [s.forward(e) for s, e in zip(sessions, extras)]
     feeds, lengths = [], []
     for s, extra in zip(sessions, extras):
         keep = s.trim_for_forward()
@@ -76,11 +88,11 @@ class _Pending:
 class VerifyBatcher:
     """Feeds queued Verify calls to `host.call("verify_batch", [args, ...])`."""
 
-    def __init__(self, host, max_batch: int, window_s: float = 0.0):
+    def __init__(self, host, max_batch: int, window_s: float = 0.0, max_queue: int = 1024):
         self.host = host
         self.max_batch = max(1, max_batch)
         self.window_s = window_s
-        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=max_queue)
         self._task: asyncio.Task | None = None
         if hasattr(host, "queue"):   # the queue-depth gauge counts calls waiting here too
             host.queue.waiting_elsewhere.append(self.queue.qsize)
@@ -94,7 +106,11 @@ class VerifyBatcher:
             # A fresh context: the loop must not run under the first caller's span.
             self._task = contextvars.Context().run(asyncio.get_running_loop().create_task, self._run())
         pending = _Pending(args)
-        await self.queue.put(pending)
+        try:
+            self.queue.put_nowait(pending)
+        except asyncio.QueueFull:
+            raise ResourceExhausted(f"{self.queue.qsize()} Verify calls are already queued on this verifier; "
+                                    "retry later or add verifier replicas") from None
         return await pending.future
 
     async def _run(self) -> None:

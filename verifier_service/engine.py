@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
+import torch
+
 from specmesh.cache_store import SessionStore
 from specmesh.config import VerifierConfig
 from specmesh.errors import InvalidArgument, ResourceExhausted
 from specmesh.kv import KVSession
 from specmesh.models import LoadedModel
-from specmesh.proposal import DraftProposal
+from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams, Scores, process_logits, score_draft
 from verifier_service.batching import batched_forward
 
@@ -53,12 +55,19 @@ class TargetEngine:
         return result
 
     def verify_batch(self, calls: Sequence[tuple]) -> list[tuple[Scores, int] | Exception]:
-        """Several sessions' Verify in one forward pass; each call's error stays its own."""
+        """Several sessions' Verify in one forward pass; each call's error stays its own.
+
+        A session named twice (two streams driving one session id) gets its later
+        calls run after the first, never twice in one pass over one cache.
+        """
+        seen: set[str] = set()
+        first = [i for i, call in enumerate(calls) if not (call[0] in seen or seen.add(call[0]))]
+        later = [i for i in range(len(calls)) if i not in set(first)]
         results: list = [None] * len(calls)
         ready = []
-        for i, call in enumerate(calls):
+        for i in first:
             try:
-                ready.append((i, self._sync(*call[:4]), call))
+                ready.append((i, self._sync(*calls[i][:4]), calls[i]))
             except Exception as error:  # noqa: BLE001 - reported to that caller only
                 results[i] = error
         if ready:
@@ -68,25 +77,46 @@ class TargetEngine:
             rows = batched_forward(self.model, sessions, drafts)                # each [k_i + 1, V]
             for (i, session, call), logits, position in zip(ready, rows, first_positions):
                 _, _, _, proposals, params, seed = call
-                probs = process_logits(logits, params)                          # [k + 1, V]
-                scores = score_draft(probs, [d.token_id for d in proposals], [d.q_ids for d in proposals],
-                                     [d.q_probs for d in proposals], seed, position)
-                results[i] = (scores, len(session.tokens))
+                try:
+                    probs = process_logits(logits, params)                      # [k + 1, V]
+                    scores = score_draft(probs, [d.token_id for d in proposals], [d.q_ids for d in proposals],
+                                         [d.q_probs for d in proposals], seed, position)
+                    results[i] = (scores, len(session.tokens))
+                except Exception as error:  # noqa: BLE001 - reported to that caller only
+                    results[i] = error
+        if later:
+            for i, result in zip(later, self.verify_batch([calls[i] for i in later])):
+                results[i] = result
         return results
 
     def _sync(self, session_id: str, start: int, tail: Sequence[int], drafts: Sequence[DraftProposal]) -> KVSession:
         self._check_tokens("sync.token_ids", tail)
         self._check_tokens("draft_tokens", [d.token_id for d in drafts])
+        for i, d in enumerate(drafts):
+            self._check_proposal(i, d)
         if start == 0:   # a full resend (first call, or repairing a cache miss) starts afresh
             session = KVSession(session_id, self.model)
-            self.sessions.put(session_id, session)
-        else:
-            session = self.sessions.get(session_id) or KVSession(session_id, self.model)  # sync raises CacheMiss
+            session.sync(0, tail)
+            if not session.tokens:
+                raise InvalidArgument("sync", "the session has no tokens")
+            self._check_context(len(session.tokens) + len(drafts) + 1)
+            self.sessions.put(session_id, session)   # only once valid: a bad call evicts no one
+            return session
+        session = self.sessions.get(session_id) or KVSession(session_id, self.model)  # sync raises CacheMiss
         session.sync(start, tail)
-        if not session.tokens:
-            raise InvalidArgument("sync", "the session has no tokens")
         self._check_context(len(session.tokens) + len(drafts) + 1)
         return session
+
+    def _check_proposal(self, index: int, d: DraftProposal) -> None:
+        """A proposal is a small distribution over real token ids, or it cannot be scored."""
+        field = f"draft_tokens[{index}]"
+        if len(d.q_ids) != len(d.q_probs) or not 0 < len(d.q_ids) <= MAX_PROPOSAL_SUPPORT:
+            raise InvalidArgument(field, f"q_ids and q_probs must have the same length in [1, {MAX_PROPOSAL_SUPPORT}]")
+        self._check_tokens(f"{field}.q_ids", d.q_ids.tolist())
+        if not bool(torch.isfinite(d.q_probs).all()) or bool((d.q_probs < 0).any()):
+            raise InvalidArgument(f"{field}.q_probs", "must be finite and >= 0")
+        if d.draft_prob <= 0:
+            raise InvalidArgument(field, "the draft token must have probability > 0 in its own q")
 
     def release(self, session_id: str) -> bool:
         return self.sessions.pop(session_id) is not None
