@@ -47,13 +47,6 @@ class TargetEngine:
         self.sessions.put(session_id, session)
         return len(session.tokens)
 
-    def verify(self, session_id: str, start: int, tail: Sequence[int], drafts: Sequence[DraftProposal],
-               params: SamplingParams, seed: int) -> tuple[Scores, int]:
-        result = self.verify_batch([(session_id, start, tail, drafts, params, seed)])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     def verify_batch(self, calls: Sequence[tuple]) -> list[tuple[Scores, int] | Exception]:
         """Several sessions' Verify in one forward pass; each call's error stays its own.
 
