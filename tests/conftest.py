@@ -6,7 +6,6 @@ separate processes once and is shared by every test that asks for it.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import grpc
 import pytest

@@ -6,7 +6,7 @@ import grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from specmesh.client import build_request
-from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from specmesh.v1 import orchestrator_pb2_grpc
 
 
 def test_services_are_discoverable_by_reflection(tiny_cluster):

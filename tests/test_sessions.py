@@ -3,7 +3,6 @@ gone after release or TTL; updates are atomic; Cancel works across the API."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
@@ -16,7 +15,7 @@ from specmesh.client import build_request
 def test_record_in_redis_during_stream_and_gone_after(tiny_cluster, tiny_client, redis_url):
     stream = tiny_client.stream(build_request("hello hello hello world", max_new_tokens=60, k=3, drafter="model",
                                               session_id="live-1"))
-    first = next(stream)
+    next(stream)
     for _ in range(3):
         next(stream)
 

@@ -18,7 +18,7 @@ from specmesh.errors import InvalidArgument, ResourceExhausted
 from specmesh.kv import KVSession
 from specmesh.models import LoadedModel
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
-from specmesh.sampling import SamplingParams, Scores, process_logits, score_draft
+from specmesh.sampling import Scores, process_logits, score_draft
 from verifier_service.batching import batched_forward
 
 log = logging.getLogger("specmesh.verifier")
