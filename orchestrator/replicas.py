@@ -60,14 +60,14 @@ class ReplicaPool(Generic[S]):
 
     @classmethod
     def connect(cls, tier: str, addresses: Sequence[str], stub_cls: Callable[[grpc.aio.Channel], S],
-                interceptors=()) -> "ReplicaPool[S]":
+                interceptors=(), retry_s: float = 20.0) -> "ReplicaPool[S]":
         if not addresses:
             raise ValueError(f"no {tier} replica addresses configured")
         replicas = []
         for address in addresses:
             channel = grpc.aio.insecure_channel(address, interceptors=list(interceptors))
             replicas.append(Replica(address, channel, stub_cls(channel)))
-        return cls(tier, replicas)
+        return cls(tier, replicas, retry_s=retry_s)
 
     def pick(self, preferred: str = "", exclude: set[str] = frozenset()) -> Replica[S]:
         candidates = [r for r in self.replicas if r.address not in exclude]

@@ -55,9 +55,9 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
     tokenizer, info = await asyncio.to_thread(load_tokenizer, config.model)
     # With tracing on, client spans for Propose / Verify and the trace context in their metadata.
     drafts = ReplicaPool.connect("draft", config.draft_addrs, draft_pb2_grpc.DraftStub,
-                                 interceptors=telemetry.client_interceptors())
+                                 interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s)
     verifiers = ReplicaPool.connect("verifier", config.verifier_addrs, verifier_pb2_grpc.VerifierStub,
-                                    interceptors=telemetry.client_interceptors())
+                                    interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s)
     verifier_infos = await _ask_until_answered(verifiers, "verifier")
     draft_infos = await _ask_until_answered(drafts, "draft")
     check_replicas(info, verifier_infos, draft_infos)

@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
     o.add_argument("--draft-top-n", type=int, help="truncate each proposal q to this many tokens [SPECMESH_DRAFT_TOP_N]")
     o.add_argument("--max-active-sessions", type=int, help="[SPECMESH_MAX_ACTIVE_SESSIONS]")
+    o.add_argument("--replica-retry-s", type=float,
+                   help="retry this long when every replica of a tier fails [SPECMESH_REPLICA_RETRY_S]")
     o.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
 
     g = sub.add_parser("generate", help="stream a completion from a running orchestrator")

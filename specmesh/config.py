@@ -72,6 +72,9 @@ class OrchestratorConfig:
     draft_top_n: int = 8
     max_active_sessions: int = 256
     rpc_timeout_s: float = 60.0
+    # How long a step keeps retrying when every replica of a tier fails (a
+    # rolling restart, a rescheduled pod) before the client gets UNAVAILABLE.
+    replica_retry_s: float = 20.0
     metrics_port: int | None = None
 
 
@@ -96,6 +99,7 @@ SETTING_ENV = {
     "draft_top_n": "SPECMESH_DRAFT_TOP_N",
     "max_active_sessions": "SPECMESH_MAX_ACTIVE_SESSIONS",
     "rpc_timeout_s": "SPECMESH_RPC_TIMEOUT_S",
+    "replica_retry_s": "SPECMESH_REPLICA_RETRY_S",
     "metrics_port": "SPECMESH_METRICS_PORT",
     "torch_threads": "SPECMESH_TORCH_THREADS",
     "ngram_max": "SPECMESH_NGRAM_MAX",

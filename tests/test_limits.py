@@ -1,0 +1,54 @@
+"""Limits give clear statuses: RESOURCE_EXHAUSTED past the active-session limit,
+UNAVAILABLE when a tier is down, and the orchestrator recovers when it returns."""
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from specmesh.client import Client, build_request
+from specmesh.launcher import Cluster
+from specmesh.redis_server import free_port
+from tests.conftest import SERVING, health_status
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_models, redis_url, tmp_path_factory):
+    cluster = Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),
+                      redis_url=redis_url, log_dir=tmp_path_factory.mktemp("logs-limited"),
+                      orchestrator_args=["--max-active-sessions", "1", "--replica-retry-s", "2"])
+    with cluster:
+        yield cluster
+
+
+def test_beyond_the_active_session_limit_is_resource_exhausted(limited):
+    with Client(limited.address) as client:
+        stream = client.stream(build_request("hello hello", max_new_tokens=400, k=1))
+        next(stream)
+        try:
+            with pytest.raises(grpc.RpcError) as info:
+                client.generate("hi", max_new_tokens=4)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "limit is 1" in info.value.details()
+        finally:
+            stream.cancel()
+        time.sleep(0.5)   # the cancelled stream releases its slot
+        assert len(client.generate("hi", max_new_tokens=4).token_ids) == 4
+
+
+def test_a_tier_down_is_unavailable_and_recovers(limited):
+    with Client(limited.address) as client:
+        before = client.generate("the cat", max_new_tokens=12, k=2).token_ids
+        limited.stop_tier("verifier-0")
+        try:
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as info:
+                client.generate("the cat", max_new_tokens=12, k=2)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 30
+            assert health_status(limited.address, "specmesh.v1.Orchestrator") == SERVING
+        finally:
+            limited.start_tier("verifier-0")
+            limited.wait()
+        assert client.generate("the cat", max_new_tokens=12, k=2).token_ids == before
