@@ -91,9 +91,11 @@ class Decoder:
         telemetry.bind_session(req.session_id)       # session id on the Generate span and in log records
         telemetry.record_request_start(req.drafter, len(req.prompt_ids))
         finish = ended = ""
+        prefill = None
         try:
             yield Chunk(req.session_id, [], "", stats)
-            verifier = await self._prefill(req, committed)
+            # The target reads the prompt while the draft makes its first proposal.
+            prefill = asyncio.ensure_future(self._prefill(req, list(committed)))
             while not finish:
                 step_started = time.perf_counter()
                 # The span ends before the yield: a step's children are Propose, Verify, accept and commit.
@@ -104,6 +106,8 @@ class Decoder:
                     proposals, draft_len = [], 0
                     if k > 0:
                         draft, proposals, draft_len = await self._propose(req, draft, committed, k)
+                    if prefill is not None:
+                        verifier, prefill = await prefill, None
                     verifier, scores, verifier_len = await self._verify(req, verifier, committed, proposals)
                     start = len(committed)
                     with tracer.start_as_current_span(telemetry.SPAN_ACCEPT):
@@ -142,6 +146,10 @@ class Decoder:
                 yield Chunk(req.session_id, new, delta, stats, len(proposals), result.accepted, result.bonus, finish)
             ended = finish
         finally:
+            if prefill is not None:   # the loop failed before using it
+                prefill.cancel()
+                if prefill.done() and not prefill.cancelled():
+                    prefill.exception()   # retrieved: asyncio would otherwise log it as lost
             telemetry.record_request_end(req.drafter, ended, stats.elapsed_s,
                                          stats.time_to_first_token_s if stats.first_token_at else None,
                                          stats.generated_tokens)
