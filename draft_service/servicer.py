@@ -30,6 +30,6 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
     async def Info(self, request, context):
         engine = self.host.require()
         drafters = [draft_pb2.DrafterInfo(name=name, model=d.model_name, vocab_size=d.vocab_size,
-                                          vocab_fingerprint=d.vocab_fingerprint)
+                                          vocab_fingerprint=d.vocab_fingerprint, max_context=d.max_context)
                     for name, d in sorted(engine.drafters.items())]
         return draft_pb2.DraftInfo(drafters=drafters, default_drafter=engine.default_drafter, max_k=engine.max_k)

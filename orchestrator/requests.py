@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import secrets
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specmesh import wire
 from specmesh.errors import InvalidArgument
@@ -39,6 +39,8 @@ class Limits:
     default_max_new_tokens: int
     drafters: frozenset[str]
     default_drafter: str
+    # A drafter's own context limit, where it has one (a draft model may be shorter than the target).
+    drafter_context: dict[str, int] = field(default_factory=dict)
 
 
 def tokenize_prompt(msg: orchestrator_pb2.GenerateRequest, tokenizer) -> list[int]:
@@ -69,16 +71,24 @@ def validate(msg: orchestrator_pb2.GenerateRequest, prompt_ids: list[int], limit
     bad = [t for t in prompt_ids if not 0 <= t < limits.vocab_size]
     if bad:
         raise InvalidArgument("tokens.token_ids", f"token ids must be in [0, {limits.vocab_size}), got {bad[:5]}")
-    room = limits.max_context - len(prompt_ids)
+    drafter = msg.drafter or limits.default_drafter
+    if drafter not in limits.drafters:
+        raise InvalidArgument("drafter", f"unknown drafter {drafter!r}; available: {sorted(limits.drafters)}")
+    k = msg.k if msg.HasField("k") else limits.default_k
+    if not 0 <= k <= limits.max_k:
+        raise InvalidArgument("k", f"must be in [0, {limits.max_k}], got {k}")
+    context = limits.max_context
+    if k and limits.drafter_context.get(drafter):
+        context = min(context, limits.drafter_context[drafter])
+    room = context - len(prompt_ids)
     if room < 1:
-        raise InvalidArgument("prompt", f"{len(prompt_ids)} prompt tokens leave no room in the context "
-                                        f"of {limits.max_context}")
+        raise InvalidArgument("prompt", f"{len(prompt_ids)} prompt tokens leave no room in the context of {context}")
     max_new = msg.max_new_tokens if msg.HasField("max_new_tokens") else min(limits.default_max_new_tokens, room)
     if max_new <= 0:
         raise InvalidArgument("max_new_tokens", f"must be > 0, got {max_new}")
     if max_new > room:
         raise InvalidArgument("max_new_tokens", f"{len(prompt_ids)} prompt tokens + {max_new} new tokens exceed "
-                                                f"the model's context of {limits.max_context}")
+                                                f"the context of {context}")
     s = msg.sampling
     if not s.temperature >= 0 or math.isinf(s.temperature):   # also rejects NaN
         raise InvalidArgument("sampling.temperature", f"must be a finite number >= 0, got {s.temperature}")
@@ -86,12 +96,6 @@ def validate(msg: orchestrator_pb2.GenerateRequest, prompt_ids: list[int], limit
         raise InvalidArgument("sampling.top_k", f"must be >= 0 (0 disables), got {s.top_k}")
     if s.HasField("top_p") and not 0 < s.top_p <= 1:
         raise InvalidArgument("sampling.top_p", f"must be in (0, 1], got {s.top_p}")
-    k = msg.k if msg.HasField("k") else limits.default_k
-    if not 0 <= k <= limits.max_k:
-        raise InvalidArgument("k", f"must be in [0, {limits.max_k}], got {k}")
-    drafter = msg.drafter or limits.default_drafter
-    if drafter not in limits.drafters:
-        raise InvalidArgument("drafter", f"unknown drafter {drafter!r}; available: {sorted(limits.drafters)}")
     if any(not s for s in msg.stop):
         raise InvalidArgument("stop", "stop strings must not be empty")
     return GenerationRequest(

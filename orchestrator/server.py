@@ -72,6 +72,8 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
         default_max_new_tokens=config.default_max_new_tokens,
         drafters=drafters,
         default_drafter=default_drafter,
+        drafter_context={d.name: min(x.max_context for i in draft_infos for x in i.drafters if x.name == d.name)
+                         for d in draft_infos[0].drafters if d.max_context},
     )
     eos = set(info.eos_token_ids) | {t for v in verifier_infos for t in v.eos_token_ids}
     servicer.decoder = Decoder(sessions, drafts, verifiers, tokenizer, eos, config.draft_top_n, config.rpc_timeout_s)

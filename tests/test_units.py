@@ -77,3 +77,18 @@ def test_config_from_env_and_flags():
     assert config.redis_url == "redis://:s3cr%2Ft@r:6379/1"
     assert from_env(DraftConfig, {}, environ={"SPECMESH_DRAFT_MODEL": "x"}).draft_model == "x"
     assert with_password("redis://:already@h/0", "other") == "redis://:already@h/0"
+
+
+def test_a_shorter_draft_context_bounds_requests_that_use_it():
+    from orchestrator.requests import Limits, validate
+    from specmesh.client import build_request
+    from specmesh.errors import InvalidArgument
+
+    limits = Limits(max_context=512, vocab_size=50, max_k=8, default_k=4, default_max_new_tokens=64,
+                    drafters=frozenset({"ngram", "model"}), default_drafter="ngram", drafter_context={"model": 100})
+    prompt = [1] * 90
+    with pytest.raises(InvalidArgument) as info:
+        validate(build_request(prompt, max_new_tokens=20, k=2, drafter="model"), prompt, limits)
+    assert info.value.field == "max_new_tokens" and "context of 100" in info.value.message
+    assert validate(build_request(prompt, max_new_tokens=20, k=2, drafter="ngram"), prompt, limits).max_new_tokens == 20
+    assert validate(build_request(prompt, max_new_tokens=20, k=0, drafter="model"), prompt, limits).k == 0

@@ -29,6 +29,7 @@ class Drafter(ABC):
     model_name: str = ""            # empty for model-free drafters
     vocab_size: int = 0             # 0: works with any vocabulary
     vocab_fingerprint: str = ""     # empty: works with any vocabulary
+    max_context: int = 0            # 0: no limit on the sequence length
 
     @classmethod
     @abstractmethod

@@ -24,6 +24,7 @@ class ModelDrafter(Drafter):
         self.model_name = loaded.info.name
         self.vocab_size = loaded.info.vocab_size
         self.vocab_fingerprint = loaded.info.vocab_fingerprint
+        self.max_context = loaded.info.max_context
 
     @classmethod
     def from_config(cls, config: DraftConfig) -> "ModelDrafter | None":

@@ -45,16 +45,18 @@ class ProposeResponse(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[_Union[DraftToken, _Mapping]]] = ..., cached_len: _Optional[int] = ...) -> None: ...
 
 class DrafterInfo(_message.Message):
-    __slots__ = ("name", "model", "vocab_size", "vocab_fingerprint")
+    __slots__ = ("name", "model", "vocab_size", "vocab_fingerprint", "max_context")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     vocab_size: int
     vocab_fingerprint: str
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
+    max_context: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ...) -> None: ...
 
 class DraftInfo(_message.Message):
     __slots__ = ("drafters", "default_drafter", "max_k")
