@@ -7,7 +7,7 @@ from typing import Sequence
 
 from specmesh.cache_store import SessionStore
 from specmesh.config import DraftConfig
-from specmesh.errors import InvalidArgument
+from specmesh.errors import InvalidArgument, check_token_ids
 from specmesh.kv import TokenHistory
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams
@@ -53,8 +53,8 @@ class DraftEngine:
             raise InvalidArgument("k", f"must be in [0, {self.max_k}], got {k}")
         if not 1 <= top_n <= MAX_PROPOSAL_SUPPORT:
             raise InvalidArgument("top_n", f"must be in [1, {MAX_PROPOSAL_SUPPORT}], got {top_n}")
-        if drafter.vocab_size and any(not 0 <= t < drafter.vocab_size for t in tail):
-            raise InvalidArgument("sync.token_ids", f"token ids must be in [0, {drafter.vocab_size})")
+        if drafter.vocab_size:   # 0: a vocabulary-agnostic drafter
+            check_token_ids("sync.token_ids", tail, drafter.vocab_size)
         session = self.sessions.get(session_id)
         if start == 0 or session is None or session.drafter != name:
             # A full resend (or a first call) starts afresh; anything else without state is a cache miss.

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from specmesh import wire
-from specmesh.errors import InvalidArgument
+from specmesh.errors import InvalidArgument, check_token_ids
 from specmesh.sampling import SamplingParams
 from specmesh.v1 import orchestrator_pb2
 
@@ -68,9 +68,7 @@ def tokenize_prompt(msg: orchestrator_pb2.GenerateRequest, tokenizer) -> list[in
 
 
 def validate(msg: orchestrator_pb2.GenerateRequest, prompt_ids: list[int], limits: Limits) -> GenerationRequest:
-    bad = [t for t in prompt_ids if not 0 <= t < limits.vocab_size]
-    if bad:
-        raise InvalidArgument("tokens.token_ids", f"token ids must be in [0, {limits.vocab_size}), got {bad[:5]}")
+    check_token_ids("tokens.token_ids", prompt_ids, limits.vocab_size)
     drafter = msg.drafter or limits.default_drafter
     if drafter not in limits.drafters:
         raise InvalidArgument("drafter", f"unknown drafter {drafter!r}; available: {sorted(limits.drafters)}")

@@ -26,6 +26,13 @@ class InvalidArgument(ServiceError):
         self.field = field
 
 
+def check_token_ids(field: str, tokens, vocab_size: int) -> None:
+    """Token ids outside the vocabulary are the caller's mistake, not an index error later."""
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidArgument(field, f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
+
+
 class NotFound(ServiceError):
     code = grpc.StatusCode.NOT_FOUND
 

@@ -47,15 +47,16 @@ class KVSession(TokenHistory):
         if self.cached_len > start:   # entries past the committed prefix may be rejected drafts
             self.cache.crop(start - self.cached_len)
 
-    def trim_for_forward(self) -> int:
-        """Crop the cache so at least the last known token is fed again; return the cached length.
+    def feed(self, extra: Sequence[int]) -> tuple[int, list[int]]:
+        """What the next forward pass feeds: (cached length kept, tokens to feed).
 
-        Its logits are needed, and a cache that already covers every token has none to give.
+        The cache is cropped so at least the last known token is fed again: its logits
+        are needed, and a cache that already covers every token has none to give.
         """
         keep = min(self.cached_len, len(self.tokens) - 1)
         if keep < self.cached_len:
             self.cache.crop(keep - self.cached_len)   # negative: drop that many from the end
-        return keep
+        return keep, self.tokens[keep:] + list(extra)
 
     def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         entry = self.cache.layers[layer]
@@ -76,8 +77,7 @@ class KVSession(TokenHistory):
         which skips the output projection for the other positions.
         """
         assert self.tokens, "forward() before any token was synced"
-        keep = self.trim_for_forward()
-        feed = self.tokens[keep:] + list(extra)
+        _, feed = self.feed(extra)
         input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)  # [1, T]
         rows = 1 if last_only else len(extra) + 1
         logits = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, Iterable
 
 import grpc
@@ -18,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specmesh import telemetry
-from specmesh.errors import ServiceError
+from specmesh.errors import ServiceError, Unavailable
 
 log = logging.getLogger("specmesh.server")
 
@@ -150,8 +151,6 @@ class EngineHost:
     """
 
     def __init__(self, what: str):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.engine = None
         self._what = what
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=what)
@@ -159,8 +158,6 @@ class EngineHost:
 
     def require(self):
         if self.engine is None:
-            from specmesh.errors import Unavailable
-
             raise Unavailable(f"the {self._what} is still loading")
         return self.engine
 

@@ -43,8 +43,8 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
         return [s.forward(e) for s, e in zip(sessions, extras)]
     feeds, lengths = [], []
     for s, extra in zip(sessions, extras):
-        keep = s.trim_for_forward()
-        feeds.append(s.tokens[keep:] + list(extra))
+        keep, feed = s.feed(extra)
+        feeds.append(feed)
         lengths.append(keep)
     n, past, width = len(sessions), max(lengths), max(len(f) for f in feeds)
     device = model.device

@@ -14,7 +14,7 @@ import torch
 
 from specmesh.cache_store import SessionStore
 from specmesh.config import VerifierConfig
-from specmesh.errors import InvalidArgument, ResourceExhausted
+from specmesh.errors import InvalidArgument, ResourceExhausted, check_token_ids
 from specmesh.kv import KVSession
 from specmesh.models import LoadedModel
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
@@ -31,10 +31,7 @@ class TargetEngine:
         self.sessions: SessionStore[KVSession] = SessionStore(config.max_sessions, config.session_idle_s)
 
     def _check_tokens(self, field: str, tokens: Sequence[int]) -> None:
-        vocab = self.info.vocab_size
-        bad = [t for t in tokens if not 0 <= t < vocab]
-        if bad:
-            raise InvalidArgument(field, f"token ids must be in [0, {vocab}), got {bad[:5]}")
+        check_token_ids(field, tokens, self.info.vocab_size)
 
     def prefill(self, session_id: str, tokens: Sequence[int]) -> int:
         if not tokens:
