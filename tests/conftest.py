@@ -12,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specmesh.client import Client
-from specmesh.launcher import Cluster
-from specmesh.redis_server import EmbeddedRedis, free_port
-from specmesh.tiny_models import build_tiny_model
+from specmesh_cli.launcher import Cluster
+from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from tests.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ from specmesh.config import DraftConfig, VerifierConfig
 from specmesh.models import load_model
 from specmesh.sampling import SamplingParams, process_logits
 from specmesh.server import EngineHost
-from specmesh.tiny_models import build_tiny_model
+from tests.tiny_models import build_tiny_model
 from tests.test_distribution import _chi2_pvalue
 from verifier_service.engine import TargetEngine
 from verifier_service.servicer import VerifierServicer

@@ -10,8 +10,8 @@ import pytest
 
 from orchestrator.sessions import SessionStore
 from specmesh.client import Client, build_request
-from specmesh.launcher import Cluster
-from specmesh.redis_server import free_port
+from specmesh_cli.launcher import Cluster
+from specmesh_cli.redis_server import free_port
 
 
 @pytest.fixture(scope="module")

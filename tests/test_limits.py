@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from specmesh.client import Client, build_request
-from specmesh.launcher import Cluster
-from specmesh.redis_server import free_port
+from specmesh_cli.launcher import Cluster
+from specmesh_cli.redis_server import free_port
 from tests.conftest import SERVING, health_status
 
 

@@ -23,7 +23,7 @@ from specmesh.models import (
     load_tokenizer,
     vocab_fingerprint,
 )
-from specmesh.tiny_models import build_tiny_model
+from tests.tiny_models import build_tiny_model
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,9 @@
-from specmesh import protogen
+from tools import protogen
 
 
 def test_committed_stubs_match_protos():
     stale = protogen.stale_files()
-    assert not stale, f"regenerate with `python -m specmesh.protogen`; stale: {stale}"
+    assert not stale, f"regenerate with `python -m tools.protogen`; stale: {stale}"
 
 
 def test_every_rpc_is_documented():

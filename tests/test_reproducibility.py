@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from specmesh.client import Client
-from specmesh.launcher import Cluster
-from specmesh.redis_server import free_port
+from specmesh_cli.launcher import Cluster
+from specmesh_cli.redis_server import free_port
 
 SAMPLED = dict(max_new_tokens=32, temperature=1.0, top_p=0.95, k=3, drafter="model")
 PROMPTS = ["hello world", "the cat sat on the mat"]

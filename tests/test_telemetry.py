@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specmesh import telemetry
 from specmesh.client import Client, Completion, build_request
-from specmesh.launcher import Cluster
-from specmesh.redis_server import free_port
+from specmesh_cli.launcher import Cluster
+from specmesh_cli.redis_server import free_port
 from specmesh.v1 import verifier_pb2, verifier_pb2_grpc
 
 GENERATE = "/specmesh.v1.Orchestrator/Generate"

@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
 
     b = sub.add_parser("bench", help="speedup over target-only decoding on Spec-Bench prompts")
-    from specmesh import bench
+    from specmesh_cli import bench
 
     bench.add_arguments(b)
     return parser
@@ -173,7 +173,7 @@ def summary(c) -> str:
 
 
 def _up(args, exit_after_demo: bool = False) -> int:
-    from specmesh.launcher import Cluster
+    from specmesh_cli.launcher import Cluster
 
     cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url,
                       draft_replicas=args.draft_replicas, verifier_replicas=args.verifier_replicas,
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         return _up(args, exit_after_demo=True)
     if args.command == "bench":
-        from specmesh import bench
+        from specmesh_cli import bench
 
         return bench.run(args)
     return 2

@@ -1,7 +1,7 @@
 """Regenerate the Python stubs in specmesh/v1/ from protos/.
 
-    python -m specmesh.protogen            # rewrite the committed stubs
-    python -m specmesh.protogen --check    # exit 1 if they are stale
+    python -m tools.protogen            # rewrite the committed stubs
+    python -m tools.protogen --check    # exit 1 if they are stale
 
 The stubs are committed so that installing the package needs no code
 generation; tests/test_protos.py fails when they drift from protos/.
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_files()
         if stale:
-            print("stale generated stubs: " + ", ".join(stale) + "\nrun: python -m specmesh.protogen", file=sys.stderr)
+            print("stale generated stubs: " + ", ".join(stale) + "\nrun: python -m tools.protogen", file=sys.stderr)
             return 1
         print("stubs are up to date")
         return 0

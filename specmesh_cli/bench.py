@@ -69,7 +69,7 @@ def parse_configs(text: str) -> list[tuple[str, int]]:
 
 
 def run(args) -> int:
-    from specmesh.launcher import Cluster
+    from specmesh_cli.launcher import Cluster
 
     questions = load_questions(args.questions, [c for c in args.categories.split(",") if c], args.per_category,
                                [int(i) for i in args.question_ids.split(",") if i])
@@ -77,7 +77,7 @@ def run(args) -> int:
     cluster = None
     address = args.addr
     if address is None:
-        from specmesh.redis_server import free_port
+        from specmesh_cli.redis_server import free_port
 
         cluster = Cluster(model=args.model, draft_model=args.draft_model, port=free_port(),
                           log_dir=args.out / "logs")

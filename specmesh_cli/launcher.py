@@ -20,7 +20,7 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specmesh.redis_server import EmbeddedRedis, free_port
+from specmesh_cli.redis_server import EmbeddedRedis, free_port
 
 log = logging.getLogger("specmesh.launcher")
 
@@ -96,7 +96,7 @@ class Cluster:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{name}.log"
             out = open(log_path, "ab")
-        process = subprocess.Popen([sys.executable, "-m", "specmesh.cli", "serve", tier, *args], env=env,
+        process = subprocess.Popen([sys.executable, "-m", "specmesh_cli.cli", "serve", tier, *args], env=env,
                                    stdout=out, stderr=subprocess.STDOUT if out else None)
         process.log_path = log_path
         self.processes[name] = process
