@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import grpc
 
@@ -81,7 +82,7 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
 
 
 async def serve(config: OrchestratorConfig) -> None:
-    sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s)
+    sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s, os.environ.get("REDIS_PASSWORD"))
     servicer = OrchestratorServicer(sessions, config.max_active_sessions)
     runtime = ServiceRuntime([SERVICE_NAME], config.port)
     await runtime.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))

@@ -107,8 +107,9 @@ class SessionStore:
         self._cancel = client.register_script(_CANCEL)
 
     @classmethod
-    def from_url(cls, url: str, ttl_s: int) -> "SessionStore":
-        return cls(redis.Redis.from_url(url), ttl_s)
+    def from_url(cls, url: str, ttl_s: int, password: str | None = None) -> "SessionStore":
+        """A password in the URL wins over `password` (REDIS_PASSWORD, kept in a Secret apart from the URL)."""
+        return cls(redis.Redis.from_url(url, password=password or None), ttl_s)
 
     def keys(self, session_id: str) -> list[str]:
         return [f"{self.prefix}:session:{{{session_id}}}", f"{self.prefix}:tokens:{{{session_id}}}"]

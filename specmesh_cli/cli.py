@@ -18,7 +18,10 @@ import signal
 import sys
 import threading
 
-from specmesh import logs
+from dataclasses import dataclass
+
+from specmesh import logs, settings
+from specmesh.settings import setting
 
 log = logging.getLogger("specmesh.cli")
 
@@ -27,68 +30,39 @@ DEMO_PROMPT = ("Summarize in two sentences: sunlight reaching the atmosphere is 
                "the sky looks blue; at sunset the light crosses more air and the blue is scattered away.")
 
 
-def _add_model_flags(p: argparse.ArgumentParser, draft: bool = True) -> None:
-    p.add_argument("--model", default=None, help="target model: 'smollm2' (default, embedded), an HF folder or hub id, "
-                                                "or a .gguf file [SPECMESH_MODEL]")
-    if draft:
-        p.add_argument("--draft-model", default=None, help="draft model sharing the target's vocabulary; without one "
-                                                          "the n-gram drafter is used [SPECMESH_DRAFT_MODEL]")
+@dataclass(frozen=True)
+class UpConfig:
+    """`specmesh up` / `specmesh demo`: the whole stack on this machine."""
+
+    port: int = setting(50051, "orchestrator port")
+    redis_url: str | None = setting(None, "use this Redis instead of starting a redis-server", env="REDIS_URL")
+    model: str | None = setting(None, "target model: 'smollm2' (default, embedded), an HF folder or hub id, "
+                                      "or a .gguf file")
+    draft_model: str | None = setting(None, "draft model sharing the target's vocabulary; without one the "
+                                            "n-gram drafter is used")
+    draft_replicas: int = setting(1, "draft service processes")
+    verifier_replicas: int = setting(1, "verifier service processes")
+    metrics: bool = setting(False, "serve Prometheus /metrics on a free port per process")
+    prompt: str = setting(DEMO_PROMPT, "the first request, streamed once everything serves")
+    max_new_tokens: int = setting(96, "for the first request")
+    demo: bool = setting(True, "stream the first request (--no-demo skips it)")
 
 
 def _parser() -> argparse.ArgumentParser:
+    from specmesh.config import SERVICE_CONFIGS
+
     parser = argparse.ArgumentParser(prog="specmesh", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", help="run Redis, draft, verifier and orchestrator as separate processes")
-    demo = sub.add_parser("demo", help="like up, but exit after the first answer")
-    for p in (up, demo):
-        p.add_argument("--port", type=int, default=50051, help="orchestrator port (default 50051)")
-        p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
-                       help="use this Redis instead of starting one [REDIS_URL]")
-        p.add_argument("--draft-replicas", type=int, default=1)
-        p.add_argument("--verifier-replicas", type=int, default=1)
-        p.add_argument("--prompt", default=DEMO_PROMPT, help="the first request, sent once everything serves")
-        p.add_argument("--max-new-tokens", type=int, default=96, help="for the first request")
-        p.add_argument("--metrics", action="store_true", help="serve Prometheus /metrics on a free port per process")
-        _add_model_flags(p)
-    up.add_argument("--no-demo", action="store_true", help="skip the first request")
+    for name, what in (("up", "run Redis, draft, verifier and orchestrator as separate processes"),
+                       ("demo", "like up, but exit after the first answer")):
+        settings.add_flags(sub.add_parser(name, help=what), UpConfig, env_prefix=None)
 
     serve = sub.add_parser("serve", help="run one tier")
     tiers = serve.add_subparsers(dest="tier", required=True)
-    d = tiers.add_parser("draft", help="the draft service [port 50061]")
-    d.add_argument("--port", type=int)
-    d.add_argument("--draft-model", default=None, help="[SPECMESH_DRAFT_MODEL]")
-    d.add_argument("--device", default=None, help="cpu or cuda [SPECMESH_DEVICE]")
-    d.add_argument("--max-k", type=int, help="[SPECMESH_MAX_K]")
-    d.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
-    d.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
-    d.add_argument("--torch-threads", type=int, help="torch threads (default 1) [SPECMESH_TORCH_THREADS]")
-    d.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
-    v = tiers.add_parser("verifier", help="the verifier service [port 50062]")
-    v.add_argument("--port", type=int)
-    v.add_argument("--model", default=None, help="[SPECMESH_MODEL]")
-    v.add_argument("--device", default=None, help="cpu or cuda [SPECMESH_DEVICE]")
-    v.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 [SPECMESH_DTYPE]")
-    v.add_argument("--max-sessions", type=int, help="cached sessions before LRU eviction [SPECMESH_MAX_SESSIONS]")
-    v.add_argument("--max-batch", type=int, help="Verify calls sharing one forward pass, 1 disables [SPECMESH_MAX_BATCH]")
-    v.add_argument("--torch-threads", type=int, help="torch threads (default: every core) [SPECMESH_TORCH_THREADS]")
-    v.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
-    o = tiers.add_parser("orchestrator", help="the public API [port 50051]")
-    o.add_argument("--port", type=int)
-    o.add_argument("--model", default=None, help="the target's tokenizer [SPECMESH_MODEL]")
-    o.add_argument("--draft-addrs", default=None, help="comma-separated draft replicas [SPECMESH_DRAFT_ADDRS]")
-    o.add_argument("--verifier-addrs", default=None, help="comma-separated verifier replicas [SPECMESH_VERIFIER_ADDRS]")
-    o.add_argument("--redis-url", default=None, help="[REDIS_URL]")
-    o.add_argument("--session-ttl-s", type=int, help="[SPECMESH_SESSION_TTL_S]")
-    o.add_argument("--default-k", type=int, help="[SPECMESH_DEFAULT_K]")
-    o.add_argument("--max-k", type=int, help="[SPECMESH_MAX_K]")
-    o.add_argument("--default-drafter", default=None, help="[SPECMESH_DEFAULT_DRAFTER]")
-    o.add_argument("--draft-top-n", type=int, help="truncate each proposal q to this many tokens [SPECMESH_DRAFT_TOP_N]")
-    o.add_argument("--max-active-sessions", type=int, help="[SPECMESH_MAX_ACTIVE_SESSIONS]")
-    o.add_argument("--replica-retry-s", type=float,
-                   help="retry this long when every replica of a tier fails [SPECMESH_REPLICA_RETRY_S]")
-    o.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
+    for tier, cls in SERVICE_CONFIGS.items():
+        settings.add_flags(tiers.add_parser(tier, help=f"the {tier} service [port {cls.port}]"), cls)
 
     g = sub.add_parser("generate", help="stream a completion from a running orchestrator")
     g.add_argument("prompt")
@@ -112,29 +86,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args) -> None:
-    from specmesh import config as cfg
-
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "tier")}
     import torch
 
+    from specmesh import telemetry
+    from specmesh.config import SERVICE_CONFIGS
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "tier")}
+    config = settings.build(SERVICE_CONFIGS[args.tier], flags)
     if args.tier == "draft":
         from draft_service.server import serve
-
-        config = cfg.from_env(cfg.DraftConfig, overrides)
-        torch.set_num_threads(config.torch_threads)
     elif args.tier == "verifier":
         from verifier_service.server import serve
-
-        config = cfg.from_env(cfg.VerifierConfig, overrides)
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
     else:
         from orchestrator.server import serve
-
-        config = cfg.from_env(cfg.OrchestratorConfig, overrides)
-    from specmesh import telemetry
-
-    # Tracing only when OTEL_* / SPECMESH_TRACE_FILE ask for it; metrics only with a port.
+    if getattr(config, "torch_threads", 0):
+        torch.set_num_threads(config.torch_threads)
+    # Tracing only when OTEL_* ask for it; metrics only with a port.
     telemetry.setup(args.tier, config.metrics_port)
     asyncio.run(serve(config))
 
@@ -175,14 +142,15 @@ def summary(c) -> str:
 def _up(args, exit_after_demo: bool = False) -> int:
     from specmesh_cli.launcher import Cluster
 
-    cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url,
-                      draft_replicas=args.draft_replicas, verifier_replicas=args.verifier_replicas,
-                      metrics=args.metrics)
+    up = settings.build(UpConfig, {k: v for k, v in vars(args).items() if k != "command"}, env_prefix=None)
+    cluster = Cluster(model=up.model, draft_model=up.draft_model, port=up.port, redis_url=up.redis_url,
+                      draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
+                      metrics=up.metrics)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     log.info("starting %d verifier and %d draft replica(s) (the first start converts the default model, ~25 s)",
-             args.verifier_replicas, args.draft_replicas)
+             up.verifier_replicas, up.draft_replicas)
     try:
         cluster.start()
     except Exception as error:  # noqa: BLE001 - tell the person, not a traceback
@@ -192,8 +160,8 @@ def _up(args, exit_after_demo: bool = False) -> int:
         print(f"specmesh orchestrator SERVING at {cluster.address}", flush=True)
         for name in sorted(cluster.metrics_ports):
             print(f"  {name} metrics: {cluster.metrics_url(name)}", flush=True)
-        if not getattr(args, "no_demo", False):
-            _demo(cluster.address, args.prompt, args.max_new_tokens)
+        if up.demo or exit_after_demo:
+            _demo(cluster.address, up.prompt, up.max_new_tokens)
         if exit_after_demo:
             return 0
         print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"\n"
@@ -226,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.setup(args.command if args.command != "serve" else args.tier)
     if args.command == "serve":
-        _serve(args)
+        try:
+            _serve(args)
+        except ValueError as error:   # a setting from the environment that does not parse
+            print(f"specmesh serve {args.tier}: {error}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "generate":
         return _generate(args)

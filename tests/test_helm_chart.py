@@ -491,3 +491,19 @@ def test_long_release_names_keep_resource_names_valid():
     for d in docs:
         name = d["metadata"]["name"]
         assert len(name) <= 63, name
+
+
+def test_tier_settings_render_as_their_environment_variables():
+    docs = render({"draft": {"settings": {"max_k": 6, "ngram_min": 3}},
+                   "orchestrator": {"settings": {"session_ttl_s": 900}}})
+    deployments = of_kind(docs, "Deployment")
+    draft_env = env_of(container(deployments[f"{FULLNAME}-draft"]))
+    assert draft_env["SPECMESH_MAX_K"]["value"] == "6" and draft_env["SPECMESH_NGRAM_MIN"]["value"] == "3"
+    assert env_of(container(deployments[f"{FULLNAME}-orchestrator"]))["SPECMESH_SESSION_TTL_S"]["value"] == "900"
+
+
+def test_a_setting_the_tier_does_not_have_is_refused():
+    with pytest.raises(helm.HelmError, match="settings"):
+        render({"draft": {"settings": {"max_batch": 4}}})   # a verifier setting
+    with pytest.raises(helm.HelmError, match="settings"):
+        render({"orchestrator": {"settings": {"redis_url": "redis://elsewhere"}}})   # wired by the chart

@@ -8,7 +8,6 @@ from draft_service.drafters import REGISTRY
 from draft_service.drafters.ngram import lookup
 from orchestrator.text import TextStream
 from specmesh.cache_store import SessionStore
-from specmesh.config import DraftConfig, OrchestratorConfig, from_env, with_password
 from specmesh.errors import CacheMiss
 from specmesh.kv import TokenHistory
 
@@ -67,16 +66,6 @@ def test_session_store_bounds():
     assert store.get("b") is None and store.get("a") == 1 and len(store) == 2
     now[0] = 11
     assert store.get("a") is None and len(store) == 0 and store.evictions == 3
-
-
-def test_config_from_env_and_flags():
-    env = {"SPECMESH_PORT": "6000", "SPECMESH_DRAFT_ADDRS": "a:1, b:2", "REDIS_URL": "redis://r:6379/1",
-           "REDIS_PASSWORD": "s3cr/t", "SPECMESH_MAX_K": "6"}
-    config = from_env(OrchestratorConfig, {"port": 7000, "default_k": None}, environ=env)
-    assert config.port == 7000 and config.draft_addrs == ("a:1", "b:2") and config.max_k == 6
-    assert config.redis_url == "redis://:s3cr%2Ft@r:6379/1"
-    assert from_env(DraftConfig, {}, environ={"SPECMESH_DRAFT_MODEL": "x"}).draft_model == "x"
-    assert with_password("redis://:already@h/0", "other") == "redis://:already@h/0"
 
 
 def test_a_shorter_draft_context_bounds_requests_that_use_it():

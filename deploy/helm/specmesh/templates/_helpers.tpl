@@ -332,6 +332,11 @@ spec:
             {{- with .env }}
             {{- . | nindent 12 }}
             {{- end }}
+            {{- /* <tier>.settings: any setting of specmesh/config.py by its field name (the schema lists them) */}}
+            {{- range $name, $value := $tv.settings }}
+            - name: {{ printf "SPECMESH_%s" (upper $name) }}
+              value: {{ $value | toString | quote }}
+            {{- end }}
             {{- with $tv.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
