@@ -5,7 +5,7 @@ import logging
 from dataclasses import dataclass
 from typing import Sequence
 
-from specmesh.cache_store import SessionStore
+from specmesh.session_cache import SessionCache
 from specmesh.config import DraftConfig
 from specmesh.errors import InvalidArgument, check_token_ids
 from specmesh.kv import TokenHistory
@@ -27,11 +27,12 @@ class DraftEngine:
         assert drafters, "a draft service needs at least one drafter"
         self.drafters = drafters
         self.max_k = config.max_k
+        self.default_top_n = config.default_top_n
         self.default_drafter = config.default_drafter or ("model" if "model" in drafters else "ngram")
         if self.default_drafter not in drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not served here; "
                              f"available: {sorted(drafters)}")
-        self.sessions: SessionStore[DraftSession] = SessionStore(config.max_sessions, config.session_idle_s)
+        self.sessions: SessionCache[DraftSession] = SessionCache(config.max_sessions, config.session_idle_s)
 
     @classmethod
     def from_config(cls, config: DraftConfig) -> "DraftEngine":
@@ -51,6 +52,7 @@ class DraftEngine:
             raise InvalidArgument("drafter", f"unknown drafter {name!r}; this replica serves {sorted(self.drafters)}")
         if not 0 <= k <= self.max_k:
             raise InvalidArgument("k", f"must be in [0, {self.max_k}], got {k}")
+        top_n = top_n or self.default_top_n   # 0: the caller left it unset
         if not 1 <= top_n <= MAX_PROPOSAL_SUPPORT:
             raise InvalidArgument("top_n", f"must be in [1, {MAX_PROPOSAL_SUPPORT}], got {top_n}")
         if drafter.vocab_size:   # 0: a vocabulary-agnostic drafter

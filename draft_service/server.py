@@ -6,7 +6,8 @@ import logging
 
 from specmesh.config import DraftConfig
 from specmesh import telemetry
-from specmesh.server import EngineHost, ServiceRuntime
+from specmesh.engine_host import EngineHost
+from specmesh.server import ServiceRuntime
 from specmesh.v1 import draft_pb2_grpc
 from draft_service.engine import DraftEngine
 from draft_service.servicer import SERVICE_NAME, DraftServicer
@@ -16,7 +17,7 @@ log = logging.getLogger("specmesh.draft")
 
 async def serve(config: DraftConfig) -> None:
     runtime = ServiceRuntime([SERVICE_NAME], config.port)
-    host = EngineHost("draft model")
+    host = EngineHost("draft model", tier="draft")
     telemetry.observe_engine("draft", host)
     servicer = DraftServicer(host)
     await runtime.start(lambda server: draft_pb2_grpc.add_DraftServicer_to_server(servicer, server))

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 from specmesh import wire
-from specmesh.config import OrchestratorConfig
+from specmesh.engine_host import EngineHost
 from specmesh.errors import InvalidArgument
-from specmesh.server import EngineHost
 from specmesh.v1 import cache_pb2, draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = "specmesh.v1.Draft"
-DEFAULT_TOP_N = OrchestratorConfig.draft_top_n   # when a caller leaves top_n unset
 
 
 class DraftServicer(draft_pb2_grpc.DraftServicer):
@@ -18,14 +16,15 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
     async def Propose(self, request, context):
         if not request.session_id:
             raise InvalidArgument("session_id", "must not be empty")
-        proposals, cached_len = await self.host.call(
-            "propose", request.session_id, request.sync.start, list(request.sync.token_ids), request.k,
-            request.drafter, wire.sampling_from_pb(request.sampling), request.seed, request.top_n or DEFAULT_TOP_N)
-        return draft_pb2.ProposeResponse(tokens=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len)
+        engine = self.host.require()
+        proposals, cached_len = await self.host.run(
+            engine.propose, request.session_id, request.sync.start, list(request.sync.token_ids), request.k,
+            request.drafter, wire.sampling_from_pb(request.sampling), request.seed, request.top_n)
+        return draft_pb2.ProposeResponse(proposals=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len)
 
     async def Release(self, request, context):
-        released = await self.host.call("release", request.session_id)
-        return cache_pb2.ReleaseResponse(released=released)
+        engine = self.host.require()
+        return cache_pb2.ReleaseResponse(released=await self.host.run(engine.release, request.session_id))
 
     async def Info(self, request, context):
         engine = self.host.require()

@@ -2,8 +2,8 @@
 
 Each step: Propose k draft tokens on the session's draft replica, Verify them
 on its verifier replica in one forward pass, apply the acceptance rule
-(orchestrator.acceptance), commit the accepted tokens plus one recovered or
-bonus token to Redis, and stream them. k = 0 is target-only decoding through
+(specmesh.speculative.accept), commit the accepted tokens plus one recovered
+or bonus token to Redis, and stream them. k = 0 is target-only decoding through
 the same services: the baseline every speedup is measured against.
 """
 from __future__ import annotations
@@ -12,18 +12,29 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Sequence
 
-from orchestrator.acceptance import accept
 from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
 from orchestrator.sessions import Handle, SessionStore
 from orchestrator.text import TextStream
 from specmesh import telemetry, wire
-from specmesh.sampling import Scores
-from specmesh.v1 import cache_pb2, draft_pb2, verifier_pb2
+from specmesh.speculative import Scores, accept
+from specmesh.v1 import cache_pb2, draft_pb2, sampling_pb2, verifier_pb2
 
 log = logging.getLogger("specmesh.orchestrator")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did: propose -> verify -> accept -> commit."""
+
+    k: int                     # draft tokens asked for
+    draft_tokens: int          # draft tokens proposed (an n-gram miss proposes none)
+    accepted: int              # of those, accepted
+    bonus: bool                # all passed: the last committed token is the bonus token (else recovered)
+    committed: list[int]       # tokens committed to Redis and streamed (after the EOS / length cut)
+    finish: str = ""           # "", or "stop" (EOS), "length" or "cancelled"
 
 
 @dataclass
@@ -32,9 +43,21 @@ class Stats:
     steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    generated_tokens: int = 0
+    recovered_tokens: int = 0
+    bonus_tokens: int = 0
+    committed_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+
+    def add(self, step: StepResult) -> None:
+        self.steps += 1
+        self.draft_tokens += step.draft_tokens
+        self.accepted_tokens += step.accepted
+        self.bonus_tokens += step.bonus
+        self.recovered_tokens += not step.bonus
+        self.committed_tokens += len(step.committed)
+        if self.first_token_at is None and step.committed:
+            self.first_token_at = time.perf_counter()
 
     @property
     def elapsed_s(self) -> float:
@@ -45,13 +68,13 @@ class Stats:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
     @property
-    def mean_accepted_per_step(self) -> float:
-        """Committed tokens per step: accepted draft tokens + the recovered/bonus one."""
-        return self.generated_tokens / self.steps if self.steps else 0.0
+    def committed_per_step(self) -> float:
+        """Accepted draft tokens + the recovered or bonus one, per step: the speedup multiplier."""
+        return self.committed_tokens / self.steps if self.steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.elapsed_s if self.generated_tokens else 0.0
+        return self.committed_tokens / self.elapsed_s if self.committed_tokens else 0.0
 
     @property
     def time_to_first_token_s(self) -> float:
@@ -61,13 +84,23 @@ class Stats:
 @dataclass
 class Chunk:
     session_id: str
-    token_ids: list[int]
     text: str
     stats: Stats
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    bonus: bool = False
+    step: StepResult | None = None     # None: the first chunk, before any step
     finish_reason: str = ""
+
+
+@dataclass
+class _Stream:
+    """One session's decoding state in this orchestrator."""
+
+    req: GenerationRequest
+    sampling: sampling_pb2.SamplingParams                   # encoded once, sent every step
+    committed: list[int]
+    draft: Handle
+    verifier: Handle
+    prefill: asyncio.Future | None = None                   # the target reading the prompt
+    steps: int = 0
 
 
 class Decoder:
@@ -82,82 +115,72 @@ class Decoder:
         self.rpc_timeout_s = rpc_timeout_s
 
     async def run(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
+        """Steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
         stats = Stats(prompt_tokens=len(req.prompt_ids))
         await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed)
-        draft, verifier = Handle(cache_id=req.session_id), Handle(cache_id=req.session_id)
-        committed = list(req.prompt_ids)
+        s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), Handle(cache_id=req.session_id),
+                    Handle(cache_id=req.session_id))
         text = TextStream(self.tokenizer, req.stop)
-        tracer = telemetry.tracer()                  # the API's no-op tracer unless tracing is on
-        telemetry.bind_session(req.session_id)       # session id on the Generate span and in log records
-        telemetry.record_request_start(req.drafter, len(req.prompt_ids))
+        telemetry.bind_session(req.session_id)       # on the Generate span and in log records
+        telemetry.record_request(req.drafter, len(req.prompt_ids))
         finish = ended = ""
-        prefill = None
         try:
-            yield Chunk(req.session_id, [], "", stats)
-            # The target reads the prompt while the draft makes its first proposal.
-            prefill = asyncio.ensure_future(self._prefill(req, list(committed)))
+            yield Chunk(req.session_id, "", stats)
+            s.prefill = asyncio.ensure_future(self._prefill(s))   # overlaps the first Propose
             while not finish:
-                step_started = time.perf_counter()
+                started = time.perf_counter()
                 # The span ends before the yield: a step's children are Propose, Verify, accept and commit.
-                with tracer.start_as_current_span(telemetry.SPAN_STEP) as span:
-                    generated = len(committed) - len(req.prompt_ids)
-                    # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
-                    k = min(req.k, req.max_new_tokens - generated - 1)
-                    proposals, draft_len = [], 0
-                    if k > 0:
-                        draft, proposals, draft_len = await self._propose(req, draft, committed, k)
-                    if prefill is not None:
-                        verifier, prefill = await prefill, None
-                    verifier, scores, verifier_len = await self._verify(req, verifier, committed, proposals)
-                    start = len(committed)
-                    with tracer.start_as_current_span(telemetry.SPAN_ACCEPT):
-                        result = accept([p.token_id for p in proposals], [p.draft_prob for p in proposals], scores,
-                                        req.seed, start)
-                    # The replicas hold the drafts too; only the accepted prefix of them stays valid.
-                    valid = start + result.accepted
-                    verifier.cached_len = min(verifier_len, valid)
-                    if proposals:
-                        draft.cached_len = min(draft_len, valid)
-                    new, finish = self._cut(result.tokens, generated, req.max_new_tokens)
-                    with tracer.start_as_current_span(telemetry.SPAN_COMMIT):
-                        status = await self.sessions.commit(req.session_id, start, new, stats.steps + 1, draft,
-                                                            verifier)
-                    if status == "cancelled":   # Redis kept nothing of this step: neither does the client
-                        new, finish = [], "cancelled"
-                    committed += new
-                    stats.steps += 1
-                    stats.draft_tokens += len(proposals)
-                    stats.accepted_tokens += result.accepted
-                    stats.generated_tokens += len(new)
-                    first_token = stats.first_token_at is None and bool(new)
-                    if first_token:
-                        stats.first_token_at = time.perf_counter()
-                    delta = text.update(committed[len(req.prompt_ids):], final=bool(finish))
-                    if text.stopped and finish != "cancelled":
-                        finish = "stop"
-                    if span.is_recording():
-                        span.set_attributes({telemetry.ATTR_STEP: stats.steps, telemetry.ATTR_K: k,
-                                             telemetry.ATTR_DRAFT_TOKENS: len(proposals),
-                                             telemetry.ATTR_ACCEPTED_TOKENS: result.accepted,
-                                             telemetry.ATTR_BONUS: result.bonus, telemetry.ATTR_NEW_TOKENS: len(new)})
-                telemetry.record_step(req.drafter, len(proposals), result.accepted, len(new),
-                                      time.perf_counter() - step_started,
-                                      stats.time_to_first_token_s if first_token else None)
-                yield Chunk(req.session_id, new, delta, stats, len(proposals), result.accepted, result.bonus, finish)
+                with telemetry.tracer().start_as_current_span(telemetry.SPAN_STEP) as span:
+                    step = await self.step(s)
+                    _describe(span, s.steps, step)
+                stats.add(step)
+                finish = step.finish
+                delta = text.update(s.committed[len(req.prompt_ids):], final=bool(finish))
+                if text.stopped and finish != "cancelled":
+                    finish = "stop"
+                first = stats.first_token_at is not None and stats.committed_tokens == len(step.committed) > 0
+                telemetry.record_step(req.drafter, step.draft_tokens, step.accepted, step.bonus, len(step.committed),
+                                      time.perf_counter() - started, stats.time_to_first_token_s if first else None)
+                yield Chunk(req.session_id, delta, stats, step, finish)
             ended = finish
         finally:
-            if prefill is not None:   # the loop failed before using it
-                prefill.cancel()
-                if prefill.done() and not prefill.cancelled():
-                    prefill.exception()   # retrieved: asyncio would otherwise log it as lost
+            if s.prefill is not None:   # the loop failed before using it
+                s.prefill.cancel()
+                if s.prefill.done() and not s.prefill.cancelled():
+                    s.prefill.exception()   # retrieved: asyncio would otherwise log it as lost
             telemetry.record_request_end(req.drafter, ended, stats.elapsed_s,
                                          stats.time_to_first_token_s if stats.first_token_at else None,
-                                         stats.generated_tokens)
-            # Counts only: prompts and outputs are never logged at INFO.
+                                         stats.committed_tokens)
+            # Counts only: prompts and outputs are never logged.
             log.info("session finished (%s): %d tokens in %d steps, %d of %d draft tokens accepted, %.2f s",
-                     ended or "aborted", stats.generated_tokens, stats.steps, stats.accepted_tokens,
+                     ended or "aborted", stats.committed_tokens, stats.steps, stats.accepted_tokens,
                      stats.draft_tokens, stats.elapsed_s)
-            await asyncio.shield(self._release(req.session_id, draft, verifier))
+            await asyncio.shield(self._release(req.session_id, s.draft, s.verifier))
+
+    async def step(self, s: _Stream) -> StepResult:
+        """Propose k draft tokens, verify them in one target pass, accept a prefix, commit."""
+        req, start = s.req, len(s.committed)
+        generated = start - len(req.prompt_ids)
+        # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
+        k = min(req.k, req.max_new_tokens - generated - 1)
+        proposals, draft_len = await self._propose(s, k) if k > 0 else ([], 0)
+        if s.prefill is not None:
+            s.verifier, s.prefill = await s.prefill, None
+        scores, verifier_len = await self._verify(s, proposals)
+        with telemetry.tracer().start_as_current_span(telemetry.SPAN_ACCEPT):
+            result = accept([p.token_id for p in proposals], wire.draft_probs(proposals), scores, req.seed, start)
+        # The replicas also hold the draft tokens; only the accepted prefix of them stays valid.
+        s.verifier.cached_len = min(verifier_len, start + result.accepted)
+        if proposals:
+            s.draft.cached_len = min(draft_len, start + result.accepted)
+        committed, finish = self._cut(result.tokens, generated, req.max_new_tokens)
+        s.steps += 1
+        with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
+            status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
+        if status == "cancelled":   # Redis kept nothing of this step: neither does the client
+            committed, finish = [], "cancelled"
+        s.committed += committed
+        return StepResult(k, len(proposals), result.accepted, result.bonus, committed, finish)
 
     def _cut(self, tokens: list[int], generated: int, max_new: int) -> tuple[list[int], str]:
         """Stop at the first EOS (kept in the ids) or at max_new_tokens."""
@@ -167,38 +190,37 @@ class Decoder:
         tokens = tokens[:max_new - generated]
         return tokens, "length" if generated + len(tokens) >= max_new else ""
 
-    async def _prefill(self, req: GenerationRequest, committed: list[int]) -> Handle:
+    async def _prefill(self, s: _Stream) -> Handle:
+        prompt = list(s.committed)
+
         async def rpc(replica, start):
             return await replica.stub.Prefill(
-                verifier_pb2.PrefillRequest(session_id=req.session_id, token_ids=committed),
-                timeout=self.rpc_timeout_s)
+                verifier_pb2.PrefillRequest(session_id=s.req.session_id, token_ids=prompt), timeout=self.rpc_timeout_s)
 
-        replica, reply = await self.verifiers.call(Handle(), committed, rpc)
-        return Handle(replica.address, req.session_id, reply.cached_len)
+        replica, reply = await self.verifiers.call(Handle(), prompt, rpc)
+        return Handle(replica.address, s.req.session_id, reply.cached_len)
 
-    async def _propose(self, req: GenerationRequest, handle: Handle, committed: list[int], k: int):
+    async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int]:
+        """The draft's proposals, as messages (they go to the verifier as they are), and its cached length."""
         async def rpc(replica, start):
             return await replica.stub.Propose(draft_pb2.ProposeRequest(
-                session_id=req.session_id, sync=cache_pb2.CacheSync(start=start, token_ids=committed[start:]),
-                k=k, drafter=req.drafter, sampling=wire.sampling_to_pb(req.params), seed=req.seed,
-                top_n=self.draft_top_n), timeout=self.rpc_timeout_s)
-
-        replica, reply = await self.drafts.call(handle, committed, rpc)
-        proposals = [wire.proposal_from_pb(t) for t in reply.tokens]
-        return Handle(replica.address, req.session_id, handle.cached_len), proposals, reply.cached_len
-
-    async def _verify(self, req: GenerationRequest, handle: Handle, committed: list[int], proposals):
-        draft_tokens = [wire.proposal_to_pb(p) for p in proposals]
-
-        async def rpc(replica, start):
-            return await replica.stub.Verify(verifier_pb2.VerifyRequest(
-                session_id=req.session_id, sync=cache_pb2.CacheSync(start=start, token_ids=committed[start:]),
-                draft_tokens=draft_tokens, sampling=wire.sampling_to_pb(req.params), seed=req.seed),
+                session_id=s.req.session_id, sync=cache_pb2.CacheSync(start=start, token_ids=s.committed[start:]),
+                k=k, drafter=s.req.drafter, sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n),
                 timeout=self.rpc_timeout_s)
 
-        replica, reply = await self.verifiers.call(handle, committed, rpc)
-        scores = Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token)
-        return Handle(replica.address, req.session_id, handle.cached_len), scores, reply.cached_len
+        replica, reply = await self.drafts.call(s.draft, s.committed, rpc)
+        s.draft = Handle(replica.address, s.req.session_id, s.draft.cached_len)
+        return reply.proposals, reply.cached_len
+
+    async def _verify(self, s: _Stream, proposals: Sequence[draft_pb2.DraftProposal]) -> tuple[Scores, int]:
+        async def rpc(replica, start):
+            return await replica.stub.Verify(verifier_pb2.VerifyRequest(
+                session_id=s.req.session_id, sync=cache_pb2.CacheSync(start=start, token_ids=s.committed[start:]),
+                proposals=proposals, sampling=s.sampling, seed=s.req.seed), timeout=self.rpc_timeout_s)
+
+        replica, reply = await self.verifiers.call(s.verifier, s.committed, rpc)
+        s.verifier = Handle(replica.address, s.req.session_id, s.verifier.cached_len)
+        return Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token), reply.cached_len
 
     async def _release(self, session_id: str, draft: Handle, verifier: Handle) -> None:
         """Free both caches and the Redis record; a failure here only costs memory until TTL/eviction."""
@@ -211,6 +233,14 @@ class Decoder:
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, Exception):
                 log.warning("release of session %s incomplete: %s", session_id, outcome)
+
+
+def _describe(span, number: int, step: StepResult) -> None:
+    if span.is_recording():
+        span.set_attributes({telemetry.ATTR_STEP: number, telemetry.ATTR_K: step.k,
+                             telemetry.ATTR_DRAFT_TOKENS: step.draft_tokens,
+                             telemetry.ATTR_ACCEPTED_TOKENS: step.accepted, telemetry.ATTR_BONUS: step.bonus,
+                             telemetry.ATTR_COMMITTED_TOKENS: len(step.committed)})
 
 
 def _params_record(req: GenerationRequest) -> dict:

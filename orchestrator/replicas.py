@@ -6,10 +6,13 @@ the replica with the fewest calls in flight. When a replica is unreachable, or
 answers "cache miss" (restarted, evicted), the call is repeated with the whole
 committed sequence (start = 0) on a live replica: the cache is rebuilt and,
 since every random draw derives from (seed, position), the output is unchanged.
+That repair is ours; waiting out a blip is gRPC's (its retry policy on each
+channel, and `channel_ready` when every replica of a tier is down).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,6 +30,16 @@ R = TypeVar("R")
 
 # Statuses that mean "this replica cannot help now", not "this request is bad".
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+
+# gRPC's own retry policy rides out a blip on one replica (a dropped connection, a
+# restart) before the call fails over to another. Every internal call is safe to
+# repeat: a CacheSync crops to `start` before appending, so a retry does the same.
+_CHANNEL_OPTIONS = [
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", json.dumps({"methodConfig": [{"name": [{}], "retryPolicy": {
+        "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"]}}]})),
+]
 
 
 class RemoteError(ServiceError):
@@ -65,18 +78,18 @@ class ReplicaPool(Generic[S]):
             raise ValueError(f"no {tier} replica addresses configured")
         replicas = []
         for address in addresses:
-            channel = grpc.aio.insecure_channel(address, interceptors=list(interceptors))
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS, interceptors=list(interceptors))
             replicas.append(Replica(address, channel, stub_cls(channel)))
         return cls(tier, replicas, retry_s=retry_s)
 
-    def pick(self, preferred: str = "", exclude: set[str] = frozenset()) -> Replica[S]:
+    def pick(self, preferred: str = "", exclude: set[str] = frozenset()) -> Replica[S] | None:
+        """The preferred replica if it is up, else the least busy one that is up; None when all are excluded."""
         candidates = [r for r in self.replicas if r.address not in exclude]
         if not candidates:
-            raise Unavailable(f"no {self.tier} replica is reachable ({', '.join(self._by_address)})")
+            return None
         now = time.monotonic()
-        # A replica marked down is skipped while others are up. When all are down, the one
-        # that went down first is tried again: behind a Kubernetes Service one address
-        # stands for many pods, and the retry reaches a live one.
+        # A replica marked down is skipped while others are up; when all are down, the one
+        # that went down first is tried again.
         live = [r for r in candidates if r.down_until <= now] or [min(candidates, key=lambda r: r.down_until)]
         for r in live:
             if r.address == preferred:
@@ -93,17 +106,13 @@ class ReplicaPool(Generic[S]):
         `rpc` sends committed[start:] as the cache sync. Returns the replica that
         answered; the caller updates the handle from the reply.
         """
-        tried: set[str] = set()
-        preferred, start = handle.replica, handle.cached_len
+        preferred, start, failed = handle.replica, handle.cached_len, set()
         deadline = time.monotonic() + self.retry_s
         while True:
-            if len(tried) == len(self.replicas):
-                if time.monotonic() >= deadline:
-                    raise Unavailable(f"no {self.tier} replica answered within {self.retry_s:.0f} s "
-                                      f"({', '.join(self._by_address)})")
-                await asyncio.sleep(self.cooldown_s / 4)   # every replica failed once: back off, then again
-                tried.clear()
-            replica = self.pick(preferred, tried)
+            replica = self.pick(preferred, failed)
+            if replica is None:   # every replica failed once: wait for one to come back
+                replica = await self._first_ready(deadline)
+                failed.clear()
             if replica.address != handle.replica:
                 start = 0
             replica.in_flight += 1
@@ -120,10 +129,23 @@ class ReplicaPool(Generic[S]):
                 log.warning("%s %s unreachable (%s); trying another replica", self.tier, replica.address,
                             error.code().name)
                 self.mark_down(replica)
-                tried.add(replica.address)
+                failed.add(replica.address)
                 preferred = ""
             finally:
                 replica.in_flight -= 1
+
+    async def _first_ready(self, deadline: float) -> Replica[S]:
+        """The first replica whose channel is READY again (gRPC reconnects with its own backoff),
+        or UNAVAILABLE once `deadline` passes."""
+        waits = {asyncio.ensure_future(r.channel.channel_ready()): r for r in self.replicas}
+        done, pending = await asyncio.wait(waits, timeout=max(0.0, deadline - time.monotonic()),
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for future in pending:
+            future.cancel()
+        if not done or time.monotonic() >= deadline:
+            raise Unavailable(f"no {self.tier} replica answered within {self.retry_s:.0f} s "
+                              f"({', '.join(self._by_address)})")
+        return waits[done.pop()]
 
     async def close(self) -> None:
         for r in self.replicas:

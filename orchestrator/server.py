@@ -6,50 +6,60 @@ import logging
 import os
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.decode import Decoder
-from orchestrator.replicas import ReplicaPool
+from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.requests import Limits
 from orchestrator.servicer import SERVICE_NAME, OrchestratorServicer
 from orchestrator.sessions import SessionStore
 from specmesh import telemetry
 from specmesh.config import OrchestratorConfig
-from specmesh.models import VocabularyMismatch, load_tokenizer
+from specmesh.models import ModelInfo, VocabularyMismatch, check_same_vocab, load_tokenizer
 from specmesh.server import ServiceRuntime
 from specmesh.v1 import cache_pb2, draft_pb2_grpc, orchestrator_pb2_grpc, verifier_pb2_grpc
 
 log = logging.getLogger("specmesh.orchestrator")
 
 
-async def _ask_until_answered(pool: ReplicaPool, what: str, retry_s: float = 1.0):
-    """Info from every replica of a pool, waiting for replicas still loading their models."""
-    answers = []
-    for replica in pool.replicas:
-        while True:
-            try:
-                answers.append(await replica.stub.Info(cache_pb2.InfoRequest(), timeout=5))
-                break
-            except grpc.aio.AioRpcError as error:
-                log.info("waiting for %s %s (%s)", what, replica.address, error.code().name)
-                await asyncio.sleep(retry_s)
-    return answers
+async def when_serving(replica: Replica, service: str) -> None:
+    """Wait until a replica's grpc.health.v1 reports SERVING (its model loaded): a Watch stream,
+    held with wait_for_ready so a replica that is not up yet is waited for, not failed."""
+    stub = health_pb2_grpc.HealthStub(replica.channel)
+    while True:
+        try:
+            async for reply in stub.Watch(health_pb2.HealthCheckRequest(service=service), wait_for_ready=True):
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                log.info("waiting for %s at %s (%s)", service, replica.address,
+                         health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+        except grpc.aio.AioRpcError as error:   # the replica restarted mid-watch: watch again
+            log.info("waiting for %s at %s (%s)", service, replica.address, error.code().name)
+            await asyncio.sleep(1.0)   # an answered error (not a missing server) would otherwise repeat at once
 
 
-def check_replicas(tokenizer_info, verifier_infos, draft_infos) -> None:
+async def infos(pool: ReplicaPool, service: str) -> list:
+    """Info from every replica of a pool, once each serves."""
+    await asyncio.gather(*(when_serving(r, service) for r in pool.replicas))
+    return list(await asyncio.gather(*(r.stub.Info(cache_pb2.InfoRequest(), timeout=30) for r in pool.replicas)))
+
+
+def check_replicas(tokenizer_info: ModelInfo, verifier_infos, draft_infos) -> None:
     """Refuse to serve when the tiers disagree about the vocabulary."""
     for v in verifier_infos:
         if v.vocab_fingerprint != tokenizer_info.vocab_fingerprint:
             raise VocabularyMismatch(
                 f"verifier model {v.model!r} (vocab {v.vocab_size}, fingerprint {v.vocab_fingerprint}) does not use "
                 f"the orchestrator's tokenizer {tokenizer_info.name!r} (fingerprint {tokenizer_info.vocab_fingerprint})")
+    target = verifier_infos[0]
     for d in draft_infos:
         for drafter in d.drafters:
-            if drafter.vocab_fingerprint and drafter.vocab_fingerprint != tokenizer_info.vocab_fingerprint:
-                raise VocabularyMismatch(
-                    f"draft model {drafter.model!r} (vocab {drafter.vocab_size}, fingerprint "
-                    f"{drafter.vocab_fingerprint}) does not share the target's vocabulary ({tokenizer_info.name!r}, "
-                    f"vocab {tokenizer_info.vocab_size}, fingerprint {tokenizer_info.vocab_fingerprint}); "
-                    f"speculative decoding needs a draft with the target's tokenizer")
+            if drafter.vocab_fingerprint:   # empty: a vocabulary-agnostic drafter (n-gram)
+                check_same_vocab(_info(drafter), _info(target))
+
+
+def _info(msg) -> ModelInfo:
+    return ModelInfo(msg.model, msg.vocab_size, msg.vocab_fingerprint, msg.max_context, ())
 
 
 async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, sessions: SessionStore) -> None:
@@ -59,8 +69,8 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
                                  interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s)
     verifiers = ReplicaPool.connect("verifier", config.verifier_addrs, verifier_pb2_grpc.VerifierStub,
                                     interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s)
-    verifier_infos = await _ask_until_answered(verifiers, "verifier")
-    draft_infos = await _ask_until_answered(drafts, "draft")
+    verifier_infos = await infos(verifiers, "specmesh.v1.Verifier")
+    draft_infos = await infos(drafts, "specmesh.v1.Draft")
     check_replicas(info, verifier_infos, draft_infos)
     # Every draft replica must serve what a request may name.
     drafters = frozenset.intersection(*(frozenset(d.name for d in i.drafters) for i in draft_infos))

@@ -60,16 +60,19 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
 
 def _chunk_to_pb(chunk: Chunk, first=None) -> orchestrator_pb2.GenerateChunk:
-    s = chunk.stats
+    s, step = chunk.stats, chunk.step
     msg = orchestrator_pb2.GenerateChunk(
-        session_id=chunk.session_id, text=chunk.text, token_ids=chunk.token_ids, finish_reason=chunk.finish_reason,
-        step=orchestrator_pb2.StepStats(draft_tokens=chunk.draft_tokens, accepted_tokens=chunk.accepted_tokens,
-                                        bonus=chunk.bonus),
+        session_id=chunk.session_id, text=chunk.text, finish_reason=chunk.finish_reason,
         stats=orchestrator_pb2.GenerateStats(
             steps=s.steps, draft_tokens=s.draft_tokens, accepted_tokens=s.accepted_tokens,
-            generated_tokens=s.generated_tokens, prompt_tokens=s.prompt_tokens, acceptance_rate=s.acceptance_rate,
-            mean_accepted_per_step=s.mean_accepted_per_step, tokens_per_second=s.tokens_per_second,
-            time_to_first_token_s=s.time_to_first_token_s, elapsed_s=s.elapsed_s))
+            recovered_tokens=s.recovered_tokens, bonus_tokens=s.bonus_tokens, committed_tokens=s.committed_tokens,
+            prompt_tokens=s.prompt_tokens, acceptance_rate=s.acceptance_rate, committed_per_step=s.committed_per_step,
+            tokens_per_second=s.tokens_per_second, time_to_first_token_s=s.time_to_first_token_s,
+            elapsed_s=s.elapsed_s))
+    if step is not None:
+        msg.token_ids.extend(step.committed)
+        msg.step.CopyFrom(orchestrator_pb2.StepStats(draft_tokens=step.draft_tokens, accepted_tokens=step.accepted,
+                                                     bonus=step.bonus, recovered=not step.bonus))
     if first is not None:
         msg.seed, msg.drafter, msg.k = first.seed, first.drafter, first.k
     return msg

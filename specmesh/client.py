@@ -61,8 +61,8 @@ class Completion:
         return {"session_id": self.session_id, "text": self.text, "token_ids": self.token_ids,
                 "finish_reason": self.finish_reason, "seed": self.seed, "drafter": self.drafter, "k": self.k,
                 "stats": {"steps": s.steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
-                          "generated_tokens": s.generated_tokens, "prompt_tokens": s.prompt_tokens,
-                          "acceptance_rate": s.acceptance_rate, "mean_accepted_per_step": s.mean_accepted_per_step,
+                          "committed_tokens": s.committed_tokens, "prompt_tokens": s.prompt_tokens,
+                          "acceptance_rate": s.acceptance_rate, "committed_per_step": s.committed_per_step,
                           "tokens_per_second": s.tokens_per_second, "time_to_first_token_s": s.time_to_first_token_s,
                           "elapsed_s": s.elapsed_s}}
 

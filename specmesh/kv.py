@@ -84,3 +84,37 @@ class KVSession(TokenHistory):
                             **{self.cache_arg: self.cache}).logits[0]                  # [rows, V]
         self.tokens.extend(extra)
         return logits[-rows:].float()
+
+
+def tensor_bytes(tensor, seen: set) -> int:
+    """Memory behind a tensor: its storage, counted once per `seen` set (a cropped cache
+    tensor is a view of a larger one; a batched forward leaves sessions sharing one)."""
+    if tensor is None:
+        return 0
+    storage = tensor.untyped_storage()
+    key = (storage.device.type, storage.data_ptr())
+    if key in seen:
+        return 0
+    seen.add(key)
+    return storage.nbytes()
+
+
+def cache_nbytes(cache: DynamicCache | None, seen: set | None = None) -> int:
+    """Bytes held by a transformers cache's key and value tensors."""
+    seen = set() if seen is None else seen
+    return sum(tensor_bytes(getattr(layer, name, None), seen)
+               for layer in list(getattr(cache, "layers", ()) or ()) for name in ("keys", "values"))
+
+
+def cache_bytes(sessions) -> int:
+    """KV-cache bytes behind a replica's cached sessions (a SessionCache of KVSession, or of
+    states holding one). Read from the metrics thread while the model thread works: a cache
+    changing mid-count is skipped, never an error in a scrape."""
+    total, seen = 0, set()
+    for state in sessions.snapshot():
+        kv = state if isinstance(state, KVSession) else getattr(state, "state", None)
+        try:
+            total += cache_nbytes(getattr(kv, "cache", None), seen)
+        except (RuntimeError, AttributeError):
+            continue
+    return total

@@ -215,8 +215,9 @@ def check_same_vocab(draft: ModelInfo, target: ModelInfo) -> None:
     if problems:
         raise VocabularyMismatch(
             f"draft model {draft.name!r} (vocab {draft.vocab_size}, fingerprint {draft.vocab_fingerprint}) "
-            f"and target model {target.name!r} (vocab {target.vocab_size}, fingerprint {target.vocab_fingerprint}) "
-            f"cannot be paired: {' and '.join(problems)}. Pick a draft model from the same family as the target."
+            f"does not share the target's vocabulary: it and target model {target.name!r} (vocab "
+            f"{target.vocab_size}, fingerprint {target.vocab_fingerprint}) cannot be paired: {' and '.join(problems)}. "
+            f"Pick a draft model from the same family as the target, or distill one (`specmesh distill`)."
         )
 
 

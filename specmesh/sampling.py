@@ -1,47 +1,24 @@
-"""Sampling math for distributed speculative decoding.
+"""Sampling primitives shared by the draft and the verifier.
 
-Implements speculative sampling as in Leviathan, Kalman & Matias, "Fast Inference
-from Transformers via Speculative Decoding" (arXiv 2211.17192, Algorithm 1) and
-Chen et al., "Accelerating Large Language Model Decoding with Speculative
-Sampling" (arXiv 2302.01318, Algorithm 2), split so that nothing of size vocab
-crosses the wire:
+Temperature, top-k and top-p (`process_logits`) are applied identically to the
+draft's q and the target's p, which is what keeps speculative sampling exact;
+every random draw is counter-based, `uniform(seed, position, stream)`, where
+position is the absolute index (prompt + committed) of the token being chosen,
+so a seeded session reproduces across processes and replicas.
 
-* the draft service samples x_i from its processed distribution q_i truncated to
-  its top-n support (still a valid proposal, so the rule stays exact) and sends
-  (x_i, q_ids_i, q_probs_i);
-* the verifier computes the target distributions p_i and returns ``Scores``:
-  p_i(x_i), a recovered token from norm(max(0, p_i - q_i)) and one bonus token;
-* the orchestrator accepts x_i iff u < p_i(x_i) / q_i(x_i)
-  (``orchestrator.acceptance.accept``).
-
-Glossary (used throughout the project):
-
-* **draft tokens** -- the k tokens x_1..x_k proposed by the draft for one step.
-* **accepted** -- the draft tokens that passed the rule, always a prefix x_1..x_a.
-* **recovered** -- the token drawn from norm(max(0, p_i - q_i)) at the first
-  rejected position i; it replaces x_i.
-* **bonus** -- the token drawn from p_{k+1} when all k draft tokens are accepted.
-* **committed** -- what a step appends to the sequence: the accepted draft tokens
-  plus exactly one recovered or bonus token.
-
-Randomness is counter-based: every draw uses ``uniform(seed, position, stream)``
-where position is the absolute index (prompt + generated) of the token being
-chosen, so a seeded session reproduces across processes and replicas.
+The speculative rule itself, and the glossary (draft / accepted / recovered /
+bonus / committed), are in `specmesh.speculative`.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = [
-    "Stream", "SamplingParams", "uniform", "process_logits", "sample",
-    "truncate_top_n", "draft_token", "residual", "Scores", "score_draft",
-]
+__all__ = ["Stream", "SamplingParams", "uniform", "process_logits", "sample", "truncate_top_n"]
 
 
 class Stream(enum.IntEnum):
@@ -127,51 +104,3 @@ def truncate_top_n(probs: Tensor, n: int) -> tuple[Tensor, Tensor]:
     if vals.numel() == 0:
         raise ValueError("truncate_top_n: no token with nonzero probability")
     return ids.to(torch.int64), (vals / vals.sum()).to(torch.float32)
-
-
-def draft_token(probs: Tensor, n: int, seed: int, position: int) -> tuple[int, Tensor, Tensor]:
-    """Truncate q [V] to its top-n and sample from it with Stream.DRAFT -> (token, q_ids, q_probs)."""
-    q_ids, q_probs = truncate_top_n(probs, n)                                          # [m], [m]
-    j = sample(q_probs, uniform(seed, position, Stream.DRAFT))
-    return int(q_ids[j].item()), q_ids, q_probs
-
-
-def residual(p: Tensor, q_ids: Tensor, q_probs: Tensor) -> Tensor:
-    """norm(max(0, p - q)) as [V] float32, q given sparsely; p itself when the mass is 0."""
-    r = p.to(torch.float64).clone()                                                     # [V]
-    r.index_add_(0, q_ids.to(device=p.device, dtype=torch.int64),
-                 -q_probs.to(device=p.device, dtype=torch.float64))
-    r.clamp_(min=0.0)
-    total = r.sum()
-    if not total > 0:
-        return p.to(torch.float32)
-    return (r / total).to(torch.float32)
-
-
-@dataclass(frozen=True)
-class Scores:
-    """What the verifier returns for one Verify."""
-    target_probs: list[float]     # p_i(x_i), len k
-    recovered_tokens: list[int]   # draw from norm(max(0, p_i - q_i)), len k
-    bonus_token: int              # draw from p_{k+1}
-
-
-def score_draft(target_probs: Tensor, draft_tokens: Sequence[int], q_ids: Sequence[Tensor],
-                q_probs: Sequence[Tensor], seed: int, start_position: int) -> Scores:
-    """Verifier side. target_probs: [k+1, V], row i for absolute position start_position + i,
-    where draft token i also sits."""
-    k = len(draft_tokens)
-    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-        raise ValueError(f"target_probs must be [k+1, V] with k={k}, got {tuple(target_probs.shape)}")
-    if len(q_ids) != k or len(q_probs) != k:
-        raise ValueError("q_ids and q_probs need one entry per draft token")
-    toks = torch.as_tensor(list(draft_tokens), dtype=torch.int64, device=target_probs.device)  # [k]
-    p_x = target_probs[torch.arange(k, device=target_probs.device), toks]                       # [k]
-    recovered = [
-        sample(residual(target_probs[i], q_ids[i], q_probs[i]),
-               uniform(seed, start_position + i, Stream.TARGET))
-        for i in range(k)
-    ]
-    bonus = sample(target_probs[k], uniform(seed, start_position + k, Stream.TARGET))
-    return Scores(target_probs=[float(v) for v in p_x.tolist()],
-                  recovered_tokens=recovered, bonus_token=bonus)

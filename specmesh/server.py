@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, Iterable
 
 import grpc
@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specmesh import telemetry
-from specmesh.errors import ServiceError, Unavailable
+from specmesh.errors import ServiceError
 
 log = logging.getLogger("specmesh.server")
 
@@ -30,8 +30,8 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
     `on_status(method, code)` is called once per finished call (metrics hook).
     """
 
-    def __init__(self, on_status: Callable[[str, grpc.StatusCode], None] | None = None):
-        self._on_status = on_status or (lambda method, code: None)
+    def __init__(self, on_status: Callable[[str, grpc.StatusCode], None] = telemetry.record_rpc_status):
+        self._on_status = on_status
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -45,8 +45,10 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
+            # Ours yield their replies; some library servicers (health's Watch) write them with context.write.
+            wrap = self._wrap_stream if inspect.isasyncgenfunction(handler.unary_stream) else self._wrap_unary
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(method, handler.unary_stream),
+                wrap(method, handler.unary_stream),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -93,12 +95,12 @@ class ServiceRuntime:
     """One gRPC server with health and reflection for the named services."""
 
     def __init__(self, service_names: Iterable[str], port: int, *, host: str = "[::]", grace_s: float = 30.0,
-                 interceptors: Iterable[grpc.aio.ServerInterceptor] = (), on_status=None):
+                 interceptors: Iterable[grpc.aio.ServerInterceptor] = ()):
         self.service_names = list(service_names)
         self.host, self.port, self.grace_s = host, port, grace_s
         # Tracing's interceptor (none when tracing is off) goes first: its span covers the status mapping.
         self.interceptors = [*telemetry.server_interceptors(), *interceptors,
-                             StatusInterceptor(telemetry.status_hook(on_status))]
+                             StatusInterceptor()]
         self.server = grpc.aio.server(interceptors=self.interceptors)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -140,31 +142,3 @@ class ServiceRuntime:
         if on_stop is not None:
             await on_stop()
         log.info("stopped")
-
-
-class EngineHost:
-    """Runs a model engine's methods on one dedicated thread.
-
-    One thread owns the model and every session's cache, so engines need no
-    locks, and the event loop stays free for other calls while torch runs.
-    Calls before the engine is attached (model still loading) get UNAVAILABLE.
-    """
-
-    def __init__(self, what: str):
-        self.engine = None
-        self._what = what
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=what)
-        self.queue = telemetry.EngineQueue()   # calls waiting for the thread (a metric)
-
-    def require(self):
-        if self.engine is None:
-            raise Unavailable(f"the {self._what} is still loading")
-        return self.engine
-
-    async def call(self, method: str, *args, parents=None):
-        """`parents` (telemetry.capture() of each call): when one run serves several queued calls."""
-        job = self.queue.submit(method, getattr(self.require(), method), *args, parents=parents)
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
-        finally:
-            job.settle()

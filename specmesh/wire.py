@@ -1,9 +1,13 @@
 """Conversions between protobuf messages and the plain types the engines use.
 
 Protobuf stays at the edges: servicers and clients call these, engines never
-see a message.
+see a message. The orchestrator never converts a proposal at all: it reads the
+few numbers the rule needs (`draft_probs`) and forwards the draft's messages
+to the verifier as they came.
 """
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -21,11 +25,20 @@ def sampling_to_pb(params: SamplingParams) -> sampling_pb2.SamplingParams:
     return sampling_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
 
 
-def proposal_to_pb(proposal: DraftProposal) -> draft_pb2.DraftToken:
-    return draft_pb2.DraftToken(token_id=proposal.token_id, q_ids=proposal.q_ids.tolist(),
-                                q_probs=proposal.q_probs.tolist())
+def proposal_to_pb(proposal: DraftProposal) -> draft_pb2.DraftProposal:
+    return draft_pb2.DraftProposal(token_id=proposal.token_id, q_ids=proposal.q_ids.tolist(),
+                                   q_probs=proposal.q_probs.tolist())
 
 
-def proposal_from_pb(msg: draft_pb2.DraftToken) -> DraftProposal:
+def proposal_from_pb(msg: draft_pb2.DraftProposal) -> DraftProposal:
     return DraftProposal(msg.token_id, torch.tensor(msg.q_ids, dtype=torch.long),
                          torch.tensor(msg.q_probs, dtype=torch.float32))
+
+
+def draft_probs(proposals: Sequence[draft_pb2.DraftProposal]) -> list[float]:
+    """q_i(x_i) of each proposal, read off the message (0 when x_i is outside its own q)."""
+    probs = []
+    for p in proposals:
+        ids = list(p.q_ids)
+        probs.append(p.q_probs[ids.index(p.token_id)] if p.token_id in ids else 0.0)
+    return probs

@@ -7,7 +7,7 @@ load. Greedy by default, as Spec-Bench reports; each speculative output is
 also checked against the baseline token for token.
 
 Prints a table per category and overall; writes results.json, results.csv
-and speedup.png (speedup and mean accepted tokens per step by category).
+and speedup.png (speedup and committed tokens per step by category).
 """
 from __future__ import annotations
 
@@ -114,16 +114,16 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
                     baseline = c
                 rows.append({"question_id": q["question_id"], "category": q["category"],
                              "config": "target-only" if k == 0 else f"{drafter}:k={k}", "drafter": drafter, "k": k,
-                             "generated_tokens": s.generated_tokens, "elapsed_s": s.elapsed_s,
+                             "committed_tokens": s.committed_tokens, "elapsed_s": s.elapsed_s,
                              "tokens_per_second": s.tokens_per_second, "steps": s.steps,
                              "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
-                             "acceptance_rate": s.acceptance_rate, "mean_accepted_per_step": s.mean_accepted_per_step,
+                             "acceptance_rate": s.acceptance_rate, "committed_per_step": s.committed_per_step,
                              "same_as_target_only": c.token_ids == baseline.token_ids})
                 done += 1
                 eta = (time.perf_counter() - started) / done * (total - done)
                 print(f"[{done}/{total}] q{q['question_id']} {q['category']:<14} {rows[-1]['config']:<12} "
-                      f"{s.generated_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
-                      f"accept {s.acceptance_rate:4.2f}  per step {s.mean_accepted_per_step:4.2f}  "
+                      f"{s.committed_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
+                      f"accept {s.acceptance_rate:4.2f}  per step {s.committed_per_step:4.2f}  "
                       f"(eta {eta:4.0f} s)", file=sys.stderr, flush=True)
     return rows
 
@@ -138,17 +138,17 @@ def summarize(rows: list[dict], configs: list[tuple[str, int]]) -> list[dict]:
     summary = []
     for cat in categories:
         base = by[(cat, "target-only")]
-        base_tps = sum(r["generated_tokens"] for r in base) / sum(r["elapsed_s"] for r in base)
+        base_tps = sum(r["committed_tokens"] for r in base) / sum(r["elapsed_s"] for r in base)
         for drafter, k in configs:
             name = f"{drafter}:k={k}"
             spec = by[(cat, name)]
-            tps = sum(r["generated_tokens"] for r in spec) / sum(r["elapsed_s"] for r in spec)
+            tps = sum(r["committed_tokens"] for r in spec) / sum(r["elapsed_s"] for r in spec)
             drafted = sum(r["draft_tokens"] for r in spec)
             summary.append({"category": cat, "config": name, "prompts": len(spec),
                             "target_only_tokens_per_second": base_tps, "tokens_per_second": tps,
                             "speedup": tps / base_tps,
                             "acceptance_rate": sum(r["accepted_tokens"] for r in spec) / drafted if drafted else 0.0,
-                            "mean_accepted_per_step": sum(r["generated_tokens"] for r in spec)
+                            "committed_per_step": sum(r["committed_tokens"] for r in spec)
                             / max(1, sum(r["steps"] for r in spec)),
                             "outputs_equal_target_only": all(r["same_as_target_only"] for r in spec)})
     return summary
@@ -169,7 +169,7 @@ def report(rows: list[dict], configs: list[tuple[str, int]], out: Path) -> None:
     for s in summary:
         print(f"{s['category']:<15}{s['config']:<13}{s['prompts']:>8}{s['target_only_tokens_per_second']:>11.1f}"
               f"{s['tokens_per_second']:>11.1f}{s['speedup']:>8.2f}x{s['acceptance_rate']:>8.2f}"
-              f"{s['mean_accepted_per_step']:>9.2f}  {'yes' if s['outputs_equal_target_only'] else 'NO'}")
+              f"{s['committed_per_step']:>9.2f}  {'yes' if s['outputs_equal_target_only'] else 'NO'}")
     plot(summary, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'speedup.png'}")
 
@@ -188,7 +188,7 @@ def plot(summary: list[dict], path: Path) -> None:
         xs = [j + i * width for j in range(len(categories))]
         values = {s["category"]: s for s in summary if s["config"] == config}
         ax1.bar(xs, [values[c]["speedup"] for c in categories], width, label=config)
-        ax2.bar(xs, [values[c]["mean_accepted_per_step"] for c in categories], width, label=config)
+        ax2.bar(xs, [values[c]["committed_per_step"] for c in categories], width, label=config)
     for ax, title in ((ax1, "speedup over target-only (same run)"), (ax2, "mean committed tokens per step")):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=45, ha="right")
         ax.set_title(title)

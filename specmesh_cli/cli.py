@@ -134,9 +134,9 @@ def _generate(args) -> int:
 
 def summary(c) -> str:
     s = c.stats
-    return (f"[{s.generated_tokens} tokens, {s.tokens_per_second:.1f} tokens/s, finish: {c.finish_reason}, "
+    return (f"[{s.committed_tokens} tokens, {s.tokens_per_second:.1f} tokens/s, finish: {c.finish_reason}, "
             f"drafter: {c.drafter}, k: {c.k}, steps: {s.steps}, acceptance rate: {s.acceptance_rate:.2f}, "
-            f"mean accepted tokens per step: {s.mean_accepted_per_step:.2f}, ttft: {s.time_to_first_token_s:.2f} s]")
+            f"committed tokens per step: {s.committed_per_step:.2f}, ttft: {s.time_to_first_token_s:.2f} s]")
 
 
 def _up(args, exit_after_demo: bool = False) -> int:

@@ -1,9 +1,8 @@
 import pytest
 import torch
 
-from orchestrator.acceptance import Acceptance, accept
-from specmesh.sampling import (SamplingParams, Scores, Stream, draft_token, process_logits,
-                               score_draft, uniform)
+from specmesh.sampling import SamplingParams, Stream, process_logits, uniform
+from specmesh.speculative import Acceptance, Scores, accept, draft_token, score_draft
 
 GREEDY = SamplingParams(temperature=0.0)
 

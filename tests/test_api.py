@@ -27,7 +27,7 @@ def test_unary_equals_stream(tiny_cluster, tiny_client):
     with grpc.insecure_channel(tiny_cluster.address) as channel:
         reply = orchestrator_pb2_grpc.OrchestratorStub(channel).GenerateUnary(request, timeout=60)
     assert list(reply.token_ids) == streamed.token_ids and reply.text == streamed.text
-    assert reply.finish_reason == "length" and reply.stats.generated_tokens == 20
+    assert reply.finish_reason == "length" and reply.stats.committed_tokens == 20
 
 
 def test_stream_shape(tiny_client):
@@ -36,7 +36,7 @@ def test_stream_shape(tiny_client):
     assert first.session_id == "shape-1" and first.seed == 3 and first.k == 2 and first.drafter
     assert not first.token_ids and not first.finish_reason
     assert all(not c.finish_reason for c in chunks[:-1]) and last.finish_reason == "length"
-    assert sum(len(c.token_ids) for c in chunks) == 12 == last.stats.generated_tokens
+    assert sum(len(c.token_ids) for c in chunks) == 12 == last.stats.committed_tokens
     assert last.stats.steps == len(chunks) - 1
     assert all(c.step.accepted_tokens <= c.step.draft_tokens for c in chunks)
     assert last.stats.accepted_tokens == sum(c.step.accepted_tokens for c in chunks)

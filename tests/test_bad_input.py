@@ -106,13 +106,13 @@ def test_internal_apis_reject_bad_input(tiny_cluster):
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         sync = cache_pb2.CacheSync(token_ids=[1, 2])
         for bad, field in [
-            (draft_pb2.DraftToken(token_id=3, q_ids=[3, 10**6], q_probs=[0.5, 0.5]), "draft_tokens[0].q_ids"),
-            (draft_pb2.DraftToken(token_id=3, q_ids=[3], q_probs=[0.5, 0.5]), "draft_tokens[0]"),
-            (draft_pb2.DraftToken(token_id=3, q_ids=list(range(65)), q_probs=[1 / 65] * 65), "draft_tokens[0]"),
-            (draft_pb2.DraftToken(token_id=3, q_ids=[4], q_probs=[1.0]), "draft_tokens[0]"),
-            (draft_pb2.DraftToken(token_id=3, q_ids=[3], q_probs=[float("nan")]), "draft_tokens[0].q_probs"),
+            (draft_pb2.DraftProposal(token_id=3, q_ids=[3, 10**6], q_probs=[0.5, 0.5]), "proposals[0].q_ids"),
+            (draft_pb2.DraftProposal(token_id=3, q_ids=[3], q_probs=[0.5, 0.5]), "proposals[0]"),
+            (draft_pb2.DraftProposal(token_id=3, q_ids=list(range(65)), q_probs=[1 / 65] * 65), "proposals[0]"),
+            (draft_pb2.DraftProposal(token_id=3, q_ids=[4], q_probs=[1.0]), "proposals[0]"),
+            (draft_pb2.DraftProposal(token_id=3, q_ids=[3], q_probs=[float("nan")]), "proposals[0].q_probs"),
         ]:
             with pytest.raises(grpc.RpcError) as info:
-                stub.Verify(verifier_pb2.VerifyRequest(session_id="q", sync=sync, draft_tokens=[bad]), timeout=30)
+                stub.Verify(verifier_pb2.VerifyRequest(session_id="q", sync=sync, proposals=[bad]), timeout=30)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert info.value.details().startswith(field), info.value.details()

@@ -96,12 +96,13 @@ def test_one_session_twice_in_a_batch_runs_in_order(target):
     from specmesh.config import VerifierConfig
     from specmesh.proposal import DraftProposal
     from specmesh.sampling import SamplingParams
-    from verifier_service.engine import TargetEngine
+    from verifier_service.engine import TargetEngine, VerifyCall
 
     def calls(engine):
         engine.prefill("s", [5, 6, 7, 8])
         p = DraftProposal.point_mass
-        return [("s", 4, [], [p(3)], SamplingParams(), 1), ("s", 5, [4], [p(2), p(1)], SamplingParams(), 1)]
+        return [VerifyCall("s", 4, [], [p(3)], SamplingParams(), 1),
+                VerifyCall("s", 5, [4], [p(2), p(1)], SamplingParams(), 1)]
 
     one_by_one = TargetEngine(target, VerifierConfig())
     sequential = [one_by_one.verify_batch([c])[0] for c in calls(one_by_one)]

@@ -18,9 +18,8 @@ import dataclasses
 import pytest
 import torch
 
-from orchestrator.acceptance import Acceptance, accept
-from specmesh.sampling import (SamplingParams, Scores, Stream, draft_token, process_logits,
-                               sample, score_draft, uniform)
+from specmesh.sampling import SamplingParams, Stream, process_logits, sample, uniform
+from specmesh.speculative import Acceptance, Scores, accept, draft_token, score_draft
 
 V, K, N_TOP, PROMPT, GEN = 8, 2, 4, 3, 3
 N_SEEDS = 10_000

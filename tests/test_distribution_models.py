@@ -25,7 +25,7 @@ import torch
 import orchestrator.decode as decode
 from draft_service.engine import DraftEngine
 from draft_service.servicer import DraftServicer
-from orchestrator.acceptance import Acceptance
+from specmesh.speculative import Acceptance
 from orchestrator.decode import Decoder
 from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.requests import GenerationRequest

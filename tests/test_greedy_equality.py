@@ -62,7 +62,7 @@ def test_tiny_drafts_are_really_accepted_and_rejected(tiny_client):
             totals["draft"] += r.stats.draft_tokens
             totals["accepted"] += r.stats.accepted_tokens
             totals["steps"] += r.stats.steps
-            totals["tokens"] += r.stats.generated_tokens
+            totals["tokens"] += r.stats.committed_tokens
     assert 0 < totals["accepted"] < totals["draft"], totals
     assert totals["steps"] < totals["tokens"], "speculation never committed more than one token per step"
 

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from specmesh.sampling import (SamplingParams, Scores, Stream, draft_token, process_logits,
-                               residual, sample, score_draft, truncate_top_n, uniform)
+from specmesh.sampling import SamplingParams, Stream, process_logits, sample, truncate_top_n, uniform
+from specmesh.speculative import Scores, draft_token, residual, score_draft
 
 
 # ---- uniform -------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Observability across the three processes: one trace per Generate, the
 Prometheus endpoints, log correlation, and nothing installed when tracing is off.
 
-One cluster (tiny random models) runs with tracing to per-process span files
-and a metrics port per process; one request and one bad request go through it,
-and the tests read what the three processes recorded.
+One cluster (tiny random models) runs with tracing exported over OTLP to a
+collector in this process and a metrics port per process; one request and one
+bad request go through it, and the tests read what the three processes recorded.
 """
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specmesh import telemetry
+from specmesh.engine_host import EngineHost
 from specmesh.client import Client, Completion, build_request
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 from specmesh.v1 import verifier_pb2, verifier_pb2_grpc
+from tests.otlp_collector import Collector
 
 GENERATE = "/specmesh.v1.Orchestrator/Generate"
 PROPOSE = "/specmesh.v1.Draft/Propose"
@@ -35,20 +37,20 @@ PREFILL = "/specmesh.v1.Verifier/Prefill"
 def _clean_env() -> dict[str, str]:
     """This environment without OTEL_* / SPECMESH_* settings that would change what is tested."""
     return {k: v for k, v in os.environ.items()
-            if not k.startswith("OTEL_") and k not in ("SPECMESH_TRACE_FILE", "SPECMESH_METRICS_PORT")}
+            if not k.startswith("OTEL_") and k != "SPECMESH_METRICS_PORT"}
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory, tiny_models, redis_url):
     """A traced, metered cluster after one good request (k=3, 24 tokens) and one bad one (k=-1)."""
     root = tmp_path_factory.mktemp("telemetry")
-    spans = root / "spans"
+    collector = Collector().__enter__()
     cluster = Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),
                       redis_url=redis_url, log_dir=root / "logs", startup_timeout_s=900, metrics=True,
-                      extra_env={"SPECMESH_TRACE_FILE": str(spans / "{tier}.jsonl"), "SPECMESH_LOG_FORMAT": "json",
-                                 # Only the span files, whatever this environment says about OTel.
-                                 "OTEL_TRACES_EXPORTER": "none", "OTEL_SERVICE_NAME": "",
-                                 "OTEL_RESOURCE_ATTRIBUTES": "", "OTEL_SDK_DISABLED": "", "SPECMESH_METRICS_PORT": ""})
+                      extra_env={**collector.env(), "SPECMESH_LOG_FORMAT": "json",
+                                 # Only this collector, whatever this environment says about OTel.
+                                 "OTEL_SERVICE_NAME": "", "OTEL_RESOURCE_ATTRIBUTES": "", "OTEL_SDK_DISABLED": "",
+                                 "OTEL_TRACES_SAMPLER": "", "SPECMESH_METRICS_PORT": ""})
     cluster.start()
     try:
         completion, steps = Completion(), []
@@ -60,9 +62,11 @@ def observed(tmp_path_factory, tiny_models, redis_url):
             with pytest.raises(grpc.RpcError) as bad:
                 client.generate("hello world", max_new_tokens=24, k=-1)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        yield {"cluster": cluster, "completion": completion, "steps": steps, "spans": spans, "logs": root / "logs"}
+        yield {"cluster": cluster, "completion": completion, "steps": steps, "collector": collector,
+               "logs": root / "logs"}
     finally:
         cluster.stop()
+        collector.__exit__()
 
 
 def _scrape(cluster: Cluster, name: str) -> dict[str, list]:
@@ -80,12 +84,12 @@ def _value(samples, name: str, **labels) -> float:
     return sum(v for l, v in samples.get(name, []) if all(l.get(k) == want for k, want in labels.items()))
 
 
-def _trace_of(observed, timeout_s: float = 30.0) -> tuple[dict, list[dict]]:
-    """The Generate server span of the good request and every span of its trace (all three files)."""
+def _trace_of(observed, timeout_s: float = 30.0) -> tuple[dict, list[dict], list[dict]]:
+    """The Generate server span of the good request, every span of its trace, and every span received."""
     session_id = observed["completion"].session_id
     deadline = time.monotonic() + timeout_s
     while True:
-        spans = telemetry.read_spans(observed["spans"].glob("*.jsonl"))
+        spans = observed["collector"].spans()
         roots = [s for s in spans if s["name"] == GENERATE and s["kind"] == "SERVER"
                  and s["attributes"].get(telemetry.ATTR_SESSION) == session_id]
         if roots or time.monotonic() > deadline:
@@ -93,12 +97,14 @@ def _trace_of(observed, timeout_s: float = 30.0) -> tuple[dict, list[dict]]:
         time.sleep(0.2)   # the server span ends just after the client saw the last chunk
     assert len(roots) == 1, f"no Generate span for session {session_id}"
     root = roots[0]
-    return root, [s for s in spans if s["trace_id"] == root["trace_id"]]
+    time.sleep(0.5)   # the draft's and verifier's batches of the same trace may still be on their way
+    spans = observed["collector"].spans()
+    return root, [s for s in spans if s["trace_id"] == root["trace_id"]], spans
 
 
 def test_one_trace_spans_the_three_processes(observed):
     stats = observed["completion"].stats
-    root, spans = _trace_of(observed)
+    root, spans, everything = _trace_of(observed)
     by_id = {s["span_id"]: s for s in spans}
     children = defaultdict(list)
     for s in spans:
@@ -133,13 +139,14 @@ def test_one_trace_spans_the_three_processes(observed):
             assert server["kind"] == "SERVER" and server["name"] == client["name"]
             assert server["tier"] == ("draft" if client["name"] == PROPOSE else "verifier")
             assert server["status"] != "ERROR"
-            # ... and under it the model-thread work.
-            (engine,) = children[server["span_id"]]
-            # (Verify calls go through the verifier's batcher: one `verify_batch` run may serve several.)
-            method = "propose" if client["name"] == PROPOSE else "verify_batch"
-            assert engine["name"] == telemetry.SPAN_ENGINE.format(method=method)
-            if method == "verify_batch":
-                assert engine["attributes"][telemetry.ATTR_BATCH_SIZE] == 1   # one session: nothing to batch with
+            if client["name"] == PROPOSE:   # ... and under it the model-thread work,
+                (engine,) = children[server["span_id"]]
+                assert engine["name"] == "engine.propose"
+            else:   # or, for a Verify (batched), the one batch span linked to it: its own trace, shared by callers
+                assert not children[server["span_id"]]
+                (engine,) = [s for s in everything if server["span_id"] in s["links"]]
+                assert engine["name"] == "engine.verify_batch" and engine["parent_span_id"] is None
+                assert engine["attributes"][telemetry.ATTR_BATCH_SIZE] == len(engine["links"]) == 1
             assert engine["attributes"][telemetry.ATTR_QUEUE_WAIT] >= 0
             assert engine["start_ns"] >= server["start_ns"] and engine["end_ns"] <= server["end_ns"]
 
@@ -156,7 +163,7 @@ def test_a_rejected_call_carries_its_status_code(observed):
     invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
     deadline = time.monotonic() + 30
     while True:
-        rejected = [s for s in telemetry.read_spans(observed["spans"].glob("*.jsonl"))
+        rejected = [s for s in observed["collector"].spans()
                     if s["name"] == GENERATE and s["attributes"].get("rpc.grpc.status_code") == invalid]
         if rejected or time.monotonic() > deadline:
             break
@@ -167,7 +174,7 @@ def test_a_rejected_call_carries_its_status_code(observed):
 
 
 def test_logs_carry_trace_and_session(observed):
-    root, _ = _trace_of(observed)
+    root, _, _ = _trace_of(observed)
     session_id = observed["completion"].session_id
     lines = [json.loads(line) for line in (observed["logs"] / "orchestrator.log").read_text().splitlines()
              if line.startswith("{")]
@@ -188,7 +195,7 @@ def test_metrics_match_the_run(observed):
     o = _scrape(cluster, "orchestrator")
     drafter = {"drafter": "model"}
     assert _value(o, "specmesh_steps_total", **drafter) == stats.steps > 0
-    assert _value(o, "specmesh_generated_tokens_total", **drafter) == stats.generated_tokens == 24
+    assert _value(o, "specmesh_committed_tokens_total", **drafter) == stats.committed_tokens == 24
     assert _value(o, "specmesh_prompt_tokens_total", **drafter) == stats.prompt_tokens
     drafted = _value(o, "specmesh_spec_decode_num_draft_tokens_total", **drafter)
     accepted = _value(o, "specmesh_spec_decode_num_accepted_tokens_total", **drafter)
@@ -255,20 +262,21 @@ def test_kv_cache_gauges_follow_sessions(observed):
 
 
 def test_tracing_off_installs_nothing():
-    """Without OTEL_* / SPECMESH_TRACE_FILE: the API's proxy provider, no interceptors, no-op spans that cost ~µs."""
+    """Without OTEL_*: the API's proxy provider, no interceptors, no-op spans that cost ~µs."""
     script = textwrap.dedent("""
         import asyncio, json, sys, time
         from opentelemetry import metrics, trace
         from specmesh import telemetry
         telemetry.setup("orchestrator", None)
         import orchestrator.server, draft_service.server, verifier_service.server
-        from specmesh.server import EngineHost, ServiceRuntime
+        from specmesh.engine_host import EngineHost
+        from specmesh.server import ServiceRuntime
 
         async def runtime_interceptors():
             runtime = ServiceRuntime(["specmesh.v1.Draft"], 0)
             host = EngineHost("x")
             host.engine = type("E", (), {"ping": lambda self: 1})()
-            assert await host.call("ping") == 1 and host.queue.depth == 0
+            assert await host.run(host.engine.ping) == 1 and host.depth == 0
             return [type(i).__name__ for i in runtime.interceptors]
 
         tracer = telemetry.tracer()
@@ -279,7 +287,7 @@ def test_tracing_off_installs_nothing():
                 with tracer.start_as_current_span("accept"):
                     pass
                 recording = span.is_recording()
-            telemetry.record_step("model", 3, 1, 2, 0.1, None)
+            telemetry.record_step("model", 3, 1, False, 2, 0.1, None)
         per_step_us = (time.perf_counter() - started) / n * 1e6
         print(json.dumps({
             "tracer_provider": type(trace.get_tracer_provider()).__name__,
@@ -311,23 +319,21 @@ def test_tracing_off_installs_nothing():
     ({"OTEL_TRACES_EXPORTER": "console,otlp"}, ["console", "otlp"]),
     ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, []),
     ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, []),
-    ({"SPECMESH_TRACE_FILE": "/tmp/x.jsonl"}, ["file"]),
-    ({"OTEL_TRACES_EXPORTER": "none", "SPECMESH_TRACE_FILE": "/tmp/x.jsonl"}, ["file"]),
 ])
 def test_exporters_follow_the_environment(environ, expected):
     assert telemetry.trace_exporters(environ) == expected
 
 
 def test_cache_nbytes_counts_dynamic_cache_tensors(tiny_models):
-    from specmesh.kv import KVSession
+    from specmesh.kv import KVSession, cache_nbytes
     from specmesh.models import load_model
 
     loaded = load_model(str(tiny_models["target"]))
     session = KVSession("s", loaded.model)
-    assert telemetry.cache_nbytes(session.cache) == 0
+    assert cache_nbytes(session.cache) == 0
     session.sync(0, [1, 2, 3, 4])
     session.forward()
-    held = telemetry.cache_nbytes(session.cache)
+    held = cache_nbytes(session.cache)
     config = loaded.model.config
     layers, heads = config.num_hidden_layers, getattr(config, "num_key_value_heads", config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -337,8 +343,6 @@ def test_cache_nbytes_counts_dynamic_cache_tensors(tiny_models):
 def test_engine_queue_counts_calls_waiting_for_the_model_thread():
     import asyncio
     import threading
-
-    from specmesh.server import EngineHost
 
     release = threading.Event()
 
@@ -353,25 +357,25 @@ def test_engine_queue_counts_calls_waiting_for_the_model_thread():
     async def main():
         host = EngineHost("test engine")
         host.engine = Engine()
-        first = asyncio.ensure_future(host.call("block"))
+        first = asyncio.ensure_future(host.run(host.engine.block))
         await asyncio.sleep(0.05)
-        assert host.queue.depth == 0                         # running, not waiting
-        waiting = [asyncio.ensure_future(host.call("quick", i)) for i in range(3)]
+        assert host.depth == 0                               # running, not waiting
+        waiting = [asyncio.ensure_future(host.run(host.engine.quick, i)) for i in range(3)]
         await asyncio.sleep(0.05)
-        assert host.queue.depth == 3
+        assert host.depth == 3
         waiting[0].cancel()                                  # cancelled before it started: no longer waiting
         await asyncio.sleep(0.05)
-        assert host.queue.depth == 2
+        assert host.depth == 2
         release.set()
         assert await first == "blocked"
         assert await asyncio.gather(*waiting[1:]) == [1, 2]
-        assert host.queue.depth == 0
+        assert host.depth == 0
 
     asyncio.run(main())
 
 
 def test_batched_verify_calls_each_keep_their_trace(observed):
-    """Concurrent sessions share verifier forward passes; every trace still shows the one its Verify rode on."""
+    """Concurrent sessions share verifier forward passes; each batch span links every Verify it served."""
     from concurrent.futures import ThreadPoolExecutor
 
     prompts = ["hello world, hello", "the cat sat on the mat", "abc abc abc", "one two three one two"]
@@ -381,27 +385,27 @@ def test_batched_verify_calls_each_keep_their_trace(observed):
     sessions = {c.session_id for c in completions}
     deadline = time.monotonic() + 30
     while True:
-        spans = telemetry.read_spans(observed["spans"].glob("*.jsonl"))
+        spans = observed["collector"].spans()
         roots = {s["attributes"].get(telemetry.ATTR_SESSION): s for s in spans
                  if s["name"] == GENERATE and s["kind"] == "SERVER"}
         if sessions <= roots.keys() or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    children = defaultdict(list)
-    for s in spans:
-        children[s["parent_span_id"]].append(s)
+    time.sleep(0.5)   # the verifier's last batch spans may still be on their way
+    spans = observed["collector"].spans()
+    batches = [s for s in spans if s["name"] == "engine.verify_batch"]
+    linked = defaultdict(list)
+    for batch in batches:
+        assert batch["parent_span_id"] is None                       # the batch loop runs under no caller's span
+        assert batch["attributes"][telemetry.ATTR_BATCH_SIZE] == len(batch["links"]) >= 1
+        for span_id in batch["links"]:
+            linked[span_id].append(batch)
     batch_sizes = []
     for completion in completions:
         trace_id = roots[completion.session_id]["trace_id"]
         verifies = [s for s in spans if s["trace_id"] == trace_id and s["name"] == VERIFY and s["kind"] == "SERVER"]
         assert len(verifies) == completion.stats.steps
         for verify in verifies:
-            (engine,) = children[verify["span_id"]]
-            assert engine["name"] == "engine.verify_batch" and engine["trace_id"] == trace_id
-            batch_sizes.append(engine["attributes"][telemetry.ATTR_BATCH_SIZE])
+            (batch,) = linked[verify["span_id"]]                      # exactly one pass served each Verify
+            batch_sizes.append(batch["attributes"][telemetry.ATTR_BATCH_SIZE])
     assert all(1 <= b <= len(prompts) for b in batch_sizes)
-    # No engine span of the verifier is left outside a Verify (the batch loop runs under no caller's span).
-    by_id = {s["span_id"]: s for s in spans}
-    for s in spans:
-        if s["name"] == "engine.verify_batch":
-            assert by_id[s["parent_span_id"]]["name"] == VERIFY

@@ -7,7 +7,7 @@ import pytest
 from draft_service.drafters import REGISTRY
 from draft_service.drafters.ngram import lookup
 from orchestrator.text import TextStream
-from specmesh.cache_store import SessionStore
+from specmesh.session_cache import SessionCache
 from specmesh.errors import CacheMiss
 from specmesh.kv import TokenHistory
 
@@ -58,7 +58,7 @@ def test_text_stream_without_stop_and_final_flush():
 
 def test_session_store_bounds():
     now = [0.0]
-    store = SessionStore(max_sessions=2, idle_ttl_s=10, clock=lambda: now[0])
+    store = SessionCache(max_sessions=2, idle_ttl_s=10, clock=lambda: now[0])
     store.put("a", 1)
     store.put("b", 2)
     store.get("a")

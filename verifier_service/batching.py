@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from specmesh import telemetry
+from specmesh.engine_host import Caller, EngineHost, caller
 from specmesh.errors import ResourceExhausted
 from specmesh.kv import KVSession
 
@@ -80,32 +81,31 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
 
 @dataclass
 class _Pending:
-    args: tuple
+    call: Any                                  # a verifier_service.engine.VerifyCall
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    parent: telemetry.Parent = field(default_factory=telemetry.capture)   # the caller's trace context
+    caller: Caller = field(default_factory=caller)   # the Verify's span and arrival time
 
 
 class VerifyBatcher:
-    """Feeds queued Verify calls to `host.call("verify_batch", [args, ...])`."""
+    """Feeds queued Verify calls to the engine's `verify_batch`, as many as wait at once."""
 
-    def __init__(self, host, max_batch: int, window_s: float = 0.0, max_queue: int = 1024):
+    def __init__(self, host: EngineHost, max_batch: int, window_s: float = 0.0, max_queue: int = 1024):
         self.host = host
         self.max_batch = max(1, max_batch)
         self.window_s = window_s
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=max_queue)
         self._task: asyncio.Task | None = None
-        if hasattr(host, "queue"):   # the queue-depth gauge counts calls waiting here too
-            host.queue.waiting_elsewhere.append(self.queue.qsize)
+        host.waiting_elsewhere.append(self.queue.qsize)   # the queue-depth gauge counts calls waiting here too
 
     @property
     def depth(self) -> int:
         return self.queue.qsize()
 
-    async def submit(self, *args) -> Any:
+    async def submit(self, call) -> Any:
         if self._task is None or self._task.done():
             # A fresh context: the loop must not run under the first caller's span.
             self._task = contextvars.Context().run(asyncio.get_running_loop().create_task, self._run())
-        pending = _Pending(args)
+        pending = _Pending(call)
         try:
             self.queue.put_nowait(pending)
         except asyncio.QueueFull:
@@ -123,10 +123,11 @@ class VerifyBatcher:
             batch = [p for p in batch if not p.future.cancelled()]
             if not batch:
                 continue
-            telemetry.record_verify_batch(len(batch))
+            telemetry.record("verify_batch_size", len(batch), {"tier": "verifier"})
             try:
-                results = await self.host.call("verify_batch", [p.args for p in batch],
-                                               parents=[p.parent for p in batch])
+                engine = self.host.require()
+                results = await self.host.run_batch(engine.verify_batch, [p.caller for p in batch],
+                                                    [p.call for p in batch])
             except Exception as error:  # noqa: BLE001 - the engine failed as a whole: fail every caller
                 results = [error] * len(batch)
             for pending, result in zip(batch, results):

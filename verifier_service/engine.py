@@ -8,27 +8,41 @@ position and the bonus token. Only those O(k) numbers leave this process.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from specmesh.cache_store import SessionStore
+from specmesh.session_cache import SessionCache
 from specmesh.config import VerifierConfig
 from specmesh.errors import InvalidArgument, ResourceExhausted, check_token_ids
 from specmesh.kv import KVSession
 from specmesh.models import LoadedModel
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
-from specmesh.sampling import Scores, process_logits, score_draft
+from specmesh.sampling import SamplingParams, process_logits
+from specmesh.speculative import Scores, score_draft
 from verifier_service.batching import batched_forward
 
 log = logging.getLogger("specmesh.verifier")
+
+
+@dataclass(frozen=True)
+class VerifyCall:
+    """One Verify: sync the session's cache to the committed tokens, then score its proposals."""
+
+    session_id: str
+    start: int                          # committed tokens the cache keeps (CacheSync.start)
+    tail: Sequence[int]                 # committed tokens to append
+    proposals: Sequence[DraftProposal]
+    params: SamplingParams
+    seed: int
 
 
 class TargetEngine:
     def __init__(self, loaded: LoadedModel, config: VerifierConfig):
         self.model = loaded.model
         self.info = loaded.info
-        self.sessions: SessionStore[KVSession] = SessionStore(config.max_sessions, config.session_idle_s)
+        self.sessions: SessionCache[KVSession] = SessionCache(config.max_sessions, config.session_idle_s)
 
     def _check_tokens(self, field: str, tokens: Sequence[int]) -> None:
         check_token_ids(field, tokens, self.info.vocab_size)
@@ -44,33 +58,33 @@ class TargetEngine:
         self.sessions.put(session_id, session)
         return len(session.tokens)
 
-    def verify_batch(self, calls: Sequence[tuple]) -> list[tuple[Scores, int] | Exception]:
+    def verify_batch(self, calls: Sequence[VerifyCall]) -> list[tuple[Scores, int] | Exception]:
         """Several sessions' Verify in one forward pass; each call's error stays its own.
 
         A session named twice (two streams driving one session id) gets its later
         calls run after the first, never twice in one pass over one cache.
         """
         seen: set[str] = set()
-        first = [i for i, call in enumerate(calls) if not (call[0] in seen or seen.add(call[0]))]
+        first = [i for i, call in enumerate(calls) if not (call.session_id in seen or seen.add(call.session_id))]
         later = [i for i in range(len(calls)) if i not in set(first)]
         results: list = [None] * len(calls)
         ready = []
         for i in first:
             try:
-                ready.append((i, self._sync(*calls[i][:4]), calls[i]))
+                ready.append((i, self._sync(calls[i]), calls[i]))
             except Exception as error:  # noqa: BLE001 - reported to that caller only
                 results[i] = error
         if ready:
             sessions = [session for _, session, _ in ready]
             first_positions = [len(session.tokens) for session in sessions]   # position of draft token 0
-            drafts = [[d.token_id for d in call[3]] for _, _, call in ready]
+            drafts = [[d.token_id for d in call.proposals] for _, _, call in ready]
             rows = batched_forward(self.model, sessions, drafts)                # each [k_i + 1, V]
             for (i, session, call), logits, position in zip(ready, rows, first_positions):
-                _, _, _, proposals, params, seed = call
                 try:
-                    probs = process_logits(logits, params)                      # [k + 1, V]
-                    scores = score_draft(probs, [d.token_id for d in proposals], [d.q_ids for d in proposals],
-                                         [d.q_probs for d in proposals], seed, position)
+                    probs = process_logits(logits, call.params)                 # [k + 1, V]
+                    scores = score_draft(probs, [d.token_id for d in call.proposals],
+                                         [d.q_ids for d in call.proposals], [d.q_probs for d in call.proposals],
+                                         call.seed, position)
                     results[i] = (scores, len(session.tokens))
                 except Exception as error:  # noqa: BLE001 - reported to that caller only
                     results[i] = error
@@ -79,9 +93,10 @@ class TargetEngine:
                 results[i] = result
         return results
 
-    def _sync(self, session_id: str, start: int, tail: Sequence[int], drafts: Sequence[DraftProposal]) -> KVSession:
+    def _sync(self, call: VerifyCall) -> KVSession:
+        session_id, start, tail, drafts = call.session_id, call.start, call.tail, call.proposals
         self._check_tokens("sync.token_ids", tail)
-        self._check_tokens("draft_tokens", [d.token_id for d in drafts])
+        self._check_tokens("proposals", [d.token_id for d in drafts])
         for i, d in enumerate(drafts):
             self._check_proposal(i, d)
         if start == 0:   # a full resend (first call, or repairing a cache miss) starts afresh
@@ -99,7 +114,7 @@ class TargetEngine:
 
     def _check_proposal(self, index: int, d: DraftProposal) -> None:
         """A proposal is a small distribution over real token ids, or it cannot be scored."""
-        field = f"draft_tokens[{index}]"
+        field = f"proposals[{index}]"
         if len(d.q_ids) != len(d.q_probs) or not 0 < len(d.q_ids) <= MAX_PROPOSAL_SUPPORT:
             raise InvalidArgument(field, f"q_ids and q_probs must have the same length in [1, {MAX_PROPOSAL_SUPPORT}]")
         self._check_tokens(f"{field}.q_ids", d.q_ids.tolist())

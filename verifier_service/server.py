@@ -7,7 +7,8 @@ import logging
 from specmesh.config import VerifierConfig
 from specmesh.models import load_model
 from specmesh import telemetry
-from specmesh.server import EngineHost, ServiceRuntime
+from specmesh.engine_host import EngineHost
+from specmesh.server import ServiceRuntime
 from specmesh.v1 import verifier_pb2_grpc
 from verifier_service.batching import VerifyBatcher
 from verifier_service.engine import TargetEngine
@@ -18,7 +19,7 @@ log = logging.getLogger("specmesh.verifier")
 
 async def serve(config: VerifierConfig) -> None:
     runtime = ServiceRuntime([SERVICE_NAME], config.port)
-    host = EngineHost("target model")
+    host = EngineHost("target model", tier="verifier")
     telemetry.observe_engine("verifier", host)
     servicer = VerifierServicer(host, VerifyBatcher(host, config.max_batch, config.batch_window_ms / 1000))
     await runtime.start(lambda server: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server))

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from specmesh import wire
+from specmesh.engine_host import EngineHost
 from specmesh.errors import InvalidArgument
-from specmesh.server import EngineHost
 from specmesh.v1 import cache_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.batching import VerifyBatcher
+from verifier_service.engine import VerifyCall
 
 SERVICE_NAME = "specmesh.v1.Verifier"
 
@@ -18,23 +19,24 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Prefill(self, request, context):
         if not request.session_id:
             raise InvalidArgument("session_id", "must not be empty")
-        cached_len = await self.host.call("prefill", request.session_id, list(request.token_ids))
+        engine = self.host.require()
+        cached_len = await self.host.run(engine.prefill, request.session_id, list(request.token_ids))
         return verifier_pb2.PrefillResponse(cached_len=cached_len)
 
     async def Verify(self, request, context):
         if not request.session_id:
             raise InvalidArgument("session_id", "must not be empty")
-        drafts = [wire.proposal_from_pb(d) for d in request.draft_tokens]
         self.host.require()
-        scores, cached_len = await self.batcher.submit(
+        scores, cached_len = await self.batcher.submit(VerifyCall(
             request.session_id, request.sync.start, list(request.sync.token_ids),
-            drafts, wire.sampling_from_pb(request.sampling), request.seed)
+            [wire.proposal_from_pb(p) for p in request.proposals], wire.sampling_from_pb(request.sampling),
+            request.seed))
         return verifier_pb2.VerifyResponse(target_probs=scores.target_probs, recovered_tokens=scores.recovered_tokens,
                                            bonus_token=scores.bonus_token, cached_len=cached_len)
 
     async def Release(self, request, context):
-        released = await self.host.call("release", request.session_id)
-        return cache_pb2.ReleaseResponse(released=released)
+        engine = self.host.require()
+        return cache_pb2.ReleaseResponse(released=await self.host.run(engine.release, request.session_id))
 
     async def Info(self, request, context):
         info = self.host.require().info

@@ -11,7 +11,8 @@ from specmesh.config import DraftConfig
 from specmesh.kv import KVSession
 from specmesh.models import load_model
 from specmesh.proposal import DraftProposal
-from specmesh.sampling import SamplingParams, draft_token, process_logits
+from specmesh.sampling import SamplingParams, process_logits
+from specmesh.speculative import draft_token
 from draft_service.drafters.base import Drafter, register
 
 

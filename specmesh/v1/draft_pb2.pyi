@@ -26,7 +26,7 @@ class ProposeRequest(_message.Message):
     top_n: int
     def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., top_n: _Optional[int] = ...) -> None: ...
 
-class DraftToken(_message.Message):
+class DraftProposal(_message.Message):
     __slots__ = ("token_id", "q_ids", "q_probs")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     Q_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -37,12 +37,12 @@ class DraftToken(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("tokens", "cached_len")
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("proposals", "cached_len")
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
-    tokens: _containers.RepeatedCompositeFieldContainer[DraftToken]
+    proposals: _containers.RepeatedCompositeFieldContainer[DraftProposal]
     cached_len: int
-    def __init__(self, tokens: _Optional[_Iterable[_Union[DraftToken, _Mapping]]] = ..., cached_len: _Optional[int] = ...) -> None: ...
+    def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ..., cached_len: _Optional[int] = ...) -> None: ...
 
 class DrafterInfo(_message.Message):
     __slots__ = ("name", "model", "vocab_size", "vocab_fingerprint", "max_context")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specmesh.v1 import sampling_pb2 as specmesh_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1especmesh/v1/orchestrator.proto\x12\x0bspecmesh.v1\x1a\x1aspecmesh/v1/sampling.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"8\n\nChatPrompt\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.specmesh.v1.ChatMessage\" \n\x0bTokenPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xc4\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\'\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x17.specmesh.v1.ChatPromptH\x00\x12*\n\x06tokens\x18\x03 \x01(\x0b\x32\x18.specmesh.v1.TokenPromptH\x00\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specmesh.v1.SamplingParams\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x0e\n\x01k\x18\x08 \x01(\x05H\x03\x88\x01\x01\x12\x0f\n\x07\x64rafter\x18\t \x01(\t\x12\x12\n\nsession_id\x18\n \x01(\tB\x08\n\x06promptB\x11\n\x0f_max_new_tokensB\x07\n\x05_seedB\x04\n\x02_k\"I\n\tStepStats\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\x05\x12\r\n\x05\x62onus\x18\x03 \x01(\x08\"\x84\x02\n\rGenerateStats\x12\r\n\x05steps\x18\x01 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x05\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x01\x12\x1e\n\x16mean_accepted_per_step\x18\x07 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\t \x01(\x01\x12\x11\n\telapsed_s\x18\n \x01(\x01\"\xd6\x01\n\rGenerateChunk\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12$\n\x04step\x18\x04 \x01(\x0b\x32\x16.specmesh.v1.StepStats\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12)\n\x05stats\x18\x06 \x01(\x0b\x32\x1a.specmesh.v1.GenerateStats\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x0f\n\x07\x64rafter\x18\x08 \x01(\t\x12\t\n\x01k\x18\t \x01(\x05\"\x97\x01\n\x10GenerateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12)\n\x05stats\x18\x05 \x01(\x0b\x32\x1a.specmesh.v1.GenerateStats\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"#\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x10\n\x0e\x43\x61ncelResponse2\xe7\x01\n\x0cOrchestrator\x12\x46\n\x08Generate\x12\x1c.specmesh.v1.GenerateRequest\x1a\x1a.specmesh.v1.GenerateChunk0\x01\x12L\n\rGenerateUnary\x12\x1c.specmesh.v1.GenerateRequest\x1a\x1d.specmesh.v1.GenerateResponse\x12\x41\n\x06\x43\x61ncel\x12\x1a.specmesh.v1.CancelRequest\x1a\x1b.specmesh.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1especmesh/v1/orchestrator.proto\x12\x0bspecmesh.v1\x1a\x1aspecmesh/v1/sampling.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"8\n\nChatPrompt\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.specmesh.v1.ChatMessage\" \n\x0bTokenPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\xc4\x02\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\'\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x17.specmesh.v1.ChatPromptH\x00\x12*\n\x06tokens\x18\x03 \x01(\x0b\x32\x18.specmesh.v1.TokenPromptH\x00\x12\x1b\n\x0emax_new_tokens\x18\x04 \x01(\x05H\x01\x88\x01\x01\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specmesh.v1.SamplingParams\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x0e\n\x01k\x18\x08 \x01(\x05H\x03\x88\x01\x01\x12\x0f\n\x07\x64rafter\x18\t \x01(\t\x12\x12\n\nsession_id\x18\n \x01(\tB\x08\n\x06promptB\x11\n\x0f_max_new_tokensB\x07\n\x05_seedB\x04\n\x02_k\"\\\n\tStepStats\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x02 \x01(\x05\x12\r\n\x05\x62onus\x18\x03 \x01(\x08\x12\x11\n\trecovered\x18\x04 \x01(\x08\"\xbc\x02\n\rGenerateStats\x12\r\n\x05steps\x18\x01 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x05\x12\x18\n\x10\x63ommitted_tokens\x18\x0b \x01(\x05\x12\x18\n\x10recovered_tokens\x18\r \x01(\x05\x12\x14\n\x0c\x62onus_tokens\x18\x0e \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x01\x12\x1a\n\x12\x63ommitted_per_step\x18\x0c \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x08 \x01(\x01\x12\x1d\n\x15time_to_first_token_s\x18\t \x01(\x01\x12\x11\n\telapsed_s\x18\n \x01(\x01J\x04\x08\x04\x10\x05J\x04\x08\x07\x10\x08\"\xd6\x01\n\rGenerateChunk\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12$\n\x04step\x18\x04 \x01(\x0b\x32\x16.specmesh.v1.StepStats\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12)\n\x05stats\x18\x06 \x01(\x0b\x32\x1a.specmesh.v1.GenerateStats\x12\x0c\n\x04seed\x18\x07 \x01(\x04\x12\x0f\n\x07\x64rafter\x18\x08 \x01(\t\x12\t\n\x01k\x18\t \x01(\x05\"\x97\x01\n\x10GenerateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12)\n\x05stats\x18\x05 \x01(\x0b\x32\x1a.specmesh.v1.GenerateStats\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"#\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x10\n\x0e\x43\x61ncelResponse2\xe7\x01\n\x0cOrchestrator\x12\x46\n\x08Generate\x12\x1c.specmesh.v1.GenerateRequest\x1a\x1a.specmesh.v1.GenerateChunk0\x01\x12L\n\rGenerateUnary\x12\x1c.specmesh.v1.GenerateRequest\x1a\x1d.specmesh.v1.GenerateResponse\x12\x41\n\x06\x43\x61ncel\x12\x1a.specmesh.v1.CancelRequest\x1a\x1b.specmesh.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,17 +41,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=214
   _globals['_GENERATEREQUEST']._serialized_end=538
   _globals['_STEPSTATS']._serialized_start=540
-  _globals['_STEPSTATS']._serialized_end=613
-  _globals['_GENERATESTATS']._serialized_start=616
-  _globals['_GENERATESTATS']._serialized_end=876
-  _globals['_GENERATECHUNK']._serialized_start=879
-  _globals['_GENERATECHUNK']._serialized_end=1093
-  _globals['_GENERATERESPONSE']._serialized_start=1096
-  _globals['_GENERATERESPONSE']._serialized_end=1247
-  _globals['_CANCELREQUEST']._serialized_start=1249
-  _globals['_CANCELREQUEST']._serialized_end=1284
-  _globals['_CANCELRESPONSE']._serialized_start=1286
-  _globals['_CANCELRESPONSE']._serialized_end=1302
-  _globals['_ORCHESTRATOR']._serialized_start=1305
-  _globals['_ORCHESTRATOR']._serialized_end=1536
+  _globals['_STEPSTATS']._serialized_end=632
+  _globals['_GENERATESTATS']._serialized_start=635
+  _globals['_GENERATESTATS']._serialized_end=951
+  _globals['_GENERATECHUNK']._serialized_start=954
+  _globals['_GENERATECHUNK']._serialized_end=1168
+  _globals['_GENERATERESPONSE']._serialized_start=1171
+  _globals['_GENERATERESPONSE']._serialized_end=1322
+  _globals['_CANCELREQUEST']._serialized_start=1324
+  _globals['_CANCELREQUEST']._serialized_end=1359
+  _globals['_CANCELRESPONSE']._serialized_start=1361
+  _globals['_CANCELRESPONSE']._serialized_end=1377
+  _globals['_ORCHESTRATOR']._serialized_start=1380
+  _globals['_ORCHESTRATOR']._serialized_end=1611
 # @@protoc_insertion_point(module_scope)

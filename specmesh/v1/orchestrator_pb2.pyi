@@ -52,38 +52,44 @@ class GenerateRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., tokens: _Optional[_Union[TokenPrompt, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class StepStats(_message.Message):
-    __slots__ = ("draft_tokens", "accepted_tokens", "bonus")
+    __slots__ = ("draft_tokens", "accepted_tokens", "bonus", "recovered")
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BONUS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_FIELD_NUMBER: _ClassVar[int]
     draft_tokens: int
     accepted_tokens: int
     bonus: bool
-    def __init__(self, draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., bonus: _Optional[bool] = ...) -> None: ...
+    recovered: bool
+    def __init__(self, draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., bonus: _Optional[bool] = ..., recovered: _Optional[bool] = ...) -> None: ...
 
 class GenerateStats(_message.Message):
-    __slots__ = ("steps", "draft_tokens", "accepted_tokens", "generated_tokens", "prompt_tokens", "acceptance_rate", "mean_accepted_per_step", "tokens_per_second", "time_to_first_token_s", "elapsed_s")
+    __slots__ = ("steps", "draft_tokens", "accepted_tokens", "committed_tokens", "recovered_tokens", "bonus_tokens", "prompt_tokens", "acceptance_rate", "committed_per_step", "tokens_per_second", "time_to_first_token_s", "elapsed_s")
     STEPS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BONUS_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
-    MEAN_ACCEPTED_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     TIME_TO_FIRST_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     steps: int
     draft_tokens: int
     accepted_tokens: int
-    generated_tokens: int
+    committed_tokens: int
+    recovered_tokens: int
+    bonus_tokens: int
     prompt_tokens: int
     acceptance_rate: float
-    mean_accepted_per_step: float
+    committed_per_step: float
     tokens_per_second: float
     time_to_first_token_s: float
     elapsed_s: float
-    def __init__(self, steps: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_per_step: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, steps: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., committed_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., committed_per_step: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("session_id", "text", "token_ids", "step", "finish_reason", "stats", "seed", "drafter", "k")

@@ -24,18 +24,18 @@ class PrefillResponse(_message.Message):
     def __init__(self, cached_len: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "sync", "draft_tokens", "sampling", "seed")
+    __slots__ = ("session_id", "sync", "proposals", "sampling", "seed")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     sync: _cache_pb2.CacheSync
-    draft_tokens: _containers.RepeatedCompositeFieldContainer[_draft_pb2.DraftToken]
+    proposals: _containers.RepeatedCompositeFieldContainer[_draft_pb2.DraftProposal]
     sampling: _sampling_pb2.SamplingParams
     seed: int
-    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., draft_tokens: _Optional[_Iterable[_Union[_draft_pb2.DraftToken, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., proposals: _Optional[_Iterable[_Union[_draft_pb2.DraftProposal, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("target_probs", "recovered_tokens", "bonus_token", "cached_len")

@@ -76,7 +76,7 @@ class VerifierServicer:
         """Verify syncs the committed tokens (see CacheSync), scores the draft
         tokens and returns what the acceptance rule needs: the target's
         probability of each draft token, a recovered token for each position
-        and a bonus token. No vocabulary-sized vector crosses the wire.
+        and a bonus token (glossary: specmesh/speculative.py). No vocabulary-sized vector crosses the wire.
         FAILED_PRECONDITION "cache miss": resend with start = 0.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

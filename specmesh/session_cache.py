@@ -1,4 +1,6 @@
-"""A bounded, idle-expiring map from session id to per-session state.
+"""A replica's per-session state: a bounded, idle-expiring map from session id.
+
+(The orchestrator's Redis session records are `orchestrator.sessions.SessionStore`.)
 
 Both the draft and the verifier keep KV caches in process memory (they are
 cheap to lose: Redis holds what rebuilds them). Memory is bounded by a maximum
@@ -15,7 +17,7 @@ from typing import Callable, Generic, TypeVar
 T = TypeVar("T")
 
 
-class SessionStore(Generic[T]):
+class SessionCache(Generic[T]):
     def __init__(self, max_sessions: int, idle_ttl_s: float, clock: Callable[[], float] = time.monotonic):
         assert max_sessions > 0, f"max_sessions must be positive, got {max_sessions}"
         self.max_sessions = max_sessions
@@ -44,8 +46,15 @@ class SessionStore(Generic[T]):
         entry = self._items.pop(key, None)
         return None if entry is None else entry[1]
 
-    def values(self) -> list[T]:
-        return [v for _, v in self._items.values()]
+    def snapshot(self) -> list[T]:
+        """The cached states, safe to call from another thread (a metrics scrape) while
+        the model thread changes the cache: a change mid-copy is retried."""
+        for _ in range(5):
+            try:
+                return [v for _, v in list(self._items.values())]
+            except RuntimeError:
+                continue
+        return []
 
     def __len__(self) -> int:
         return len(self._items)

@@ -1,0 +1,121 @@
+"""The model thread of the draft and verifier tiers, and what it reports.
+
+One thread owns the model and every session's cache, so engines need no locks
+and the event loop stays free while torch runs. Servicers call engine methods
+directly through it (`await host.run(engine.propose, ...)`). Each run is an
+`engine.<method>` span under the caller's span, with its queue wait; a run that
+serves several queued calls at once (a verifier batch) is one span *linked* to
+each caller's span, the OpenTelemetry way to tie a batched pass to its callers.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NamedTuple, Sequence, TypeVar
+
+from opentelemetry import trace
+
+from specmesh import telemetry
+from specmesh.errors import Unavailable
+
+R = TypeVar("R")
+
+
+class Caller(NamedTuple):
+    """A call queued on its way to the model thread: its span and when it arrived."""
+
+    span_context: trace.SpanContext
+    submitted: float
+
+
+def caller() -> Caller:
+    """The current call as a Caller, to pass along with it through a queue."""
+    return Caller(trace.get_current_span().get_span_context(), time.perf_counter())
+
+
+class EngineHost:
+    """Runs engine methods on one dedicated thread; UNAVAILABLE until the engine is attached."""
+
+    def __init__(self, what: str, tier: str = ""):
+        self.engine = None
+        self.what, self.tier = what, tier
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=what)
+        self._lock = threading.Lock()
+        self.depth = 0                                   # calls handed to the thread, not yet started
+        # Calls queued in front of the thread (a batcher's), counted as waiting too.
+        self.waiting_elsewhere: list[Callable[[], int]] = []
+
+    @property
+    def waiting(self) -> int:
+        """What the queue-depth gauge shows."""
+        return self.depth + sum(count() for count in self.waiting_elsewhere)
+
+    def require(self):
+        if self.engine is None:
+            raise Unavailable(f"the {self.what} is still loading")
+        return self.engine
+
+    async def run(self, fn: Callable[..., R], *args) -> R:
+        """fn(*args) on the model thread, under the caller's span."""
+        context = contextvars.copy_context()   # the thread runs under the caller's span
+
+        def job(waited: float):
+            started = time.perf_counter()
+            with telemetry.tracer().start_as_current_span(f"engine.{fn.__name__}") as span:
+                if span.is_recording():
+                    span.set_attribute(telemetry.ATTR_QUEUE_WAIT, waited)
+                try:
+                    return fn(*args)
+                finally:
+                    self._record(fn.__name__, [waited], time.perf_counter() - started)
+
+        return await self._submit(lambda waited: context.run(job, waited))
+
+    async def run_batch(self, fn: Callable[..., R], callers: Sequence[Caller], *args) -> R:
+        """fn(*args) once for several queued calls: one span, linked to each caller's."""
+        def job(_):
+            started = time.perf_counter()
+            waits = [started - c.submitted for c in callers]
+            links = [trace.Link(c.span_context) for c in callers if c.span_context.is_valid]
+            # A root span: the batch belongs to no single caller's trace.
+            with telemetry.tracer().start_as_current_span(
+                    f"engine.{fn.__name__}", context=trace.set_span_in_context(trace.INVALID_SPAN), links=links,
+                    attributes={telemetry.ATTR_BATCH_SIZE: len(callers), telemetry.ATTR_QUEUE_WAIT: max(waits)}):
+                try:
+                    return fn(*args)
+                finally:
+                    self._record(fn.__name__, waits, time.perf_counter() - started)
+
+        return await self._submit(job)
+
+    async def _submit(self, job: Callable[[float], R]) -> R:
+        """Queue `job(seconds waited)` for the thread, counted in `depth` until it starts or is cancelled."""
+        self.require()
+        submitted, waiting = time.perf_counter(), [True]
+        with self._lock:
+            self.depth += 1
+
+        def leave() -> None:
+            with self._lock:
+                if waiting[0]:
+                    waiting[0] = False
+                    self.depth -= 1
+
+        def start():
+            leave()
+            return job(time.perf_counter() - submitted)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, start)
+        finally:
+            leave()   # a call cancelled before it started is no longer waiting
+
+    def _record(self, method: str, waits: Sequence[float], seconds: float) -> None:
+        if telemetry.metrics_enabled():
+            attrs = {"tier": self.tier, "method": method}
+            for wait in waits:
+                telemetry.record("engine_queue_wait", wait, attrs)
+            telemetry.record("engine_call_duration", seconds, attrs)
