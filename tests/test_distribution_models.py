@@ -33,7 +33,7 @@ from orchestrator.sessions import SessionStore
 from specmesh.config import DraftConfig, VerifierConfig
 from specmesh.models import load_model
 from specmesh.sampling import SamplingParams, process_logits
-from specmesh.server import EngineHost
+from specmesh.engine_host import EngineHost
 from tests.tiny_models import build_tiny_model
 from tests.test_distribution import _chi2_pvalue
 from verifier_service.engine import TargetEngine
