@@ -45,7 +45,8 @@ class DraftEngine:
         return cls(drafters, config)
 
     def propose(self, session_id: str, start: int, tail: Sequence[int], k: int, drafter_name: str,
-                params: SamplingParams, seed: int, top_n: int) -> tuple[list[DraftProposal], int]:
+                params: SamplingParams, seed: int, top_n: int,
+                prefix_fingerprint: int | None = None) -> tuple[list[DraftProposal], int]:
         name = drafter_name or self.default_drafter
         drafter = self.drafters.get(name)
         if drafter is None:
@@ -66,7 +67,7 @@ class DraftEngine:
                 raise InvalidArgument("sync", "the session has no tokens")
             self.sessions.put(session_id, session)   # only once valid: a bad call evicts no one
         else:
-            session.state.sync(start, tail)
+            session.state.sync(start, tail, prefix_fingerprint)
         proposals = drafter.propose(session.state, k, params, seed, top_n) if k else []
         return proposals, len(session.state.tokens)
 

@@ -19,6 +19,7 @@ from orchestrator.requests import GenerationRequest
 from orchestrator.sessions import Handle, SessionStore
 from orchestrator.text import TextStream
 from specmesh import telemetry, wire
+from specmesh.fingerprint import PrefixFingerprints
 from specmesh.speculative import Scores, accept
 from specmesh.v1 import cache_pb2, draft_pb2, sampling_pb2, verifier_pb2
 
@@ -97,6 +98,7 @@ class _Stream:
     req: GenerationRequest
     sampling: sampling_pb2.SamplingParams                   # encoded once, sent every step
     committed: list[int]
+    fingerprints: PrefixFingerprints                        # of every committed prefix, for CacheSync
     draft: Handle
     verifier: Handle
     prefill: asyncio.Future | None = None                   # the target reading the prompt
@@ -118,8 +120,8 @@ class Decoder:
         """Steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
         stats = Stats(prompt_tokens=len(req.prompt_ids))
         await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed)
-        s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), Handle(cache_id=req.session_id),
-                    Handle(cache_id=req.session_id))
+        s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), PrefixFingerprints(req.prompt_ids),
+                    Handle(cache_id=req.session_id), Handle(cache_id=req.session_id))
         text = TextStream(self.tokenizer, req.stop)
         telemetry.bind_session(req.session_id)       # on the Generate span and in log records
         telemetry.record_request(req.drafter, len(req.prompt_ids))
@@ -180,6 +182,7 @@ class Decoder:
         if status == "cancelled":   # Redis kept nothing of this step: neither does the client
             committed, finish = [], "cancelled"
         s.committed += committed
+        s.fingerprints.extend(committed)
         return StepResult(k, len(proposals), result.accepted, result.bonus, committed, finish)
 
     def _cut(self, tokens: list[int], generated: int, max_new: int) -> tuple[list[int], str]:
@@ -204,8 +207,8 @@ class Decoder:
         """The draft's proposals, as messages (they go to the verifier as they are), and its cached length."""
         async def rpc(replica, start):
             return await replica.stub.Propose(draft_pb2.ProposeRequest(
-                session_id=s.req.session_id, sync=cache_pb2.CacheSync(start=start, token_ids=s.committed[start:]),
-                k=k, drafter=s.req.drafter, sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n),
+                session_id=s.req.session_id, sync=self._sync(s, start), k=k, drafter=s.req.drafter,
+                sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n),
                 timeout=self.rpc_timeout_s)
 
         replica, reply = await self.drafts.call(s.draft, s.committed, rpc)
@@ -215,12 +218,18 @@ class Decoder:
     async def _verify(self, s: _Stream, proposals: Sequence[draft_pb2.DraftProposal]) -> tuple[Scores, int]:
         async def rpc(replica, start):
             return await replica.stub.Verify(verifier_pb2.VerifyRequest(
-                session_id=s.req.session_id, sync=cache_pb2.CacheSync(start=start, token_ids=s.committed[start:]),
-                proposals=proposals, sampling=s.sampling, seed=s.req.seed), timeout=self.rpc_timeout_s)
+                session_id=s.req.session_id, sync=self._sync(s, start), proposals=proposals,
+                sampling=s.sampling, seed=s.req.seed), timeout=self.rpc_timeout_s)
 
         replica, reply = await self.verifiers.call(s.verifier, s.committed, rpc)
         s.verifier = Handle(replica.address, s.req.session_id, s.verifier.cached_len)
         return Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token), reply.cached_len
+
+    @staticmethod
+    def _sync(s: _Stream, start: int) -> cache_pb2.CacheSync:
+        """Bring a replica from `start` committed tokens to all of them, proving the first `start`."""
+        return cache_pb2.CacheSync(start=start, token_ids=s.committed[start:],
+                                   prefix_fingerprint=s.fingerprints.at(start))
 
     async def _release(self, session_id: str, draft: Handle, verifier: Handle) -> None:
         """Free both caches and the Redis record; a failure here only costs memory until TTL/eviction."""

@@ -59,8 +59,9 @@ class CacheMiss(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
     PREFIX = "cache miss"
 
-    def __init__(self, session_id: str, held: int, start: int):
-        super().__init__(f"{self.PREFIX}: session {session_id} holds {held} tokens here, request starts at {start}")
+    def __init__(self, session_id: str, held: int, start: int, why: str = ""):
+        super().__init__(f"{self.PREFIX}: session {session_id} holds {held} tokens here, request starts at {start}"
+                         + (f"; {why}" if why else ""))
 
 
 def is_cache_miss(error: grpc.aio.AioRpcError) -> bool:

@@ -12,6 +12,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from specmesh import fingerprint
 from specmesh.errors import CacheMiss
 
 
@@ -21,13 +22,35 @@ class TokenHistory:
     def __init__(self, session_id: str):
         self.session_id = session_id
         self.tokens: list[int] = []
+        # Fingerprints of the prefix the orchestrator last confirmed as committed (drafts
+        # after it may still change); extended, never recomputed from the start.
+        self.confirmed = fingerprint.PrefixFingerprints()
 
-    def sync(self, start: int, tail: Sequence[int]) -> None:
-        """Keep the first `start` tokens (the committed prefix) and append `tail`."""
+    def fingerprint(self, length: int) -> int:
+        known = len(self.confirmed)
+        if length <= known:
+            return self.confirmed.at(length)
+        return fingerprint.extend(self.confirmed.at(known), self.tokens[known:length])
+
+    def sync(self, start: int, tail: Sequence[int], prefix_fingerprint: int | None = None) -> None:
+        """Keep the first `start` tokens (the committed prefix) and append `tail`.
+
+        With `prefix_fingerprint` (what a caller over the wire always sends), the kept
+        tokens must hash to it: a cache that cannot prove its prefix is a cache miss.
+        None trusts the caller (in-process use).
+        """
         if start > len(self.tokens):
             raise CacheMiss(self.session_id, len(self.tokens), start)
+        if start and prefix_fingerprint is not None and self.fingerprint(start) != prefix_fingerprint:
+            raise CacheMiss(self.session_id, len(self.tokens), start, "its tokens do not match the prefix fingerprint")
+        known = len(self.confirmed)
+        if start < known:
+            self.confirmed.truncate(start)
+        else:
+            self.confirmed.extend(self.tokens[known:start])
         del self.tokens[start:]
         self.tokens.extend(tail)
+        self.confirmed.extend(tail)
 
 
 class KVSession(TokenHistory):
@@ -42,8 +65,8 @@ class KVSession(TokenHistory):
     def cached_len(self) -> int:
         return self.cache.get_seq_length()
 
-    def sync(self, start: int, tail: Sequence[int]) -> None:
-        super().sync(start, tail)
+    def sync(self, start: int, tail: Sequence[int], prefix_fingerprint: int | None = None) -> None:
+        super().sync(start, tail, prefix_fingerprint)
         if self.cached_len > start:   # entries past the committed prefix may be rejected drafts
             self.cache.crop(start - self.cached_len)
 

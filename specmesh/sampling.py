@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specmesh.fingerprint import splitmix64
+
 __all__ = ["Stream", "SamplingParams", "uniform", "process_logits", "sample", "truncate_top_n"]
 
 
@@ -42,18 +44,11 @@ class SamplingParams:
 _MASK64 = (1 << 64) - 1
 
 
-def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
 def uniform(seed: int, position: int, stream: Stream) -> float:
     """Uniform in [0, 1): splitmix64 chain of (seed, position, stream), 53-bit mantissa."""
-    h = _splitmix64(seed & _MASK64)
-    h = _splitmix64(h ^ (position & _MASK64))
-    h = _splitmix64(h ^ int(stream))
+    h = splitmix64(seed & _MASK64)
+    h = splitmix64(h ^ (position & _MASK64))
+    h = splitmix64(h ^ int(stream))
     return (h >> 11) * (1.0 / (1 << 53))
 
 

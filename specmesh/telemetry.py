@@ -89,8 +89,7 @@ def metrics_enabled() -> bool:
 
 
 def tracer() -> trace.Tracer:
-    """specmesh's tracer: the no-op tracer until (unless) tracing is set up."""
-    return trace.get_tracer("specmesh")
+    return trace.get_tracer("specmesh")   # the API's no-op tracer unless tracing is set up
 
 
 def setup(tier: str, metrics_port: int | None = None, environ: Mapping[str, str] = os.environ) -> None:
@@ -134,7 +133,10 @@ def setup_tracing(tier: str, environ: Mapping[str, str] = os.environ):
 
     provider = TracerProvider(resource=_resource(tier, environ))   # the sampler comes from OTEL_TRACES_SAMPLER
     installed = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
-    for name in trace_exporters(environ):
+    # "otlp" means the OTLP exporter for OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, grpc by default.
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    otlp = "otlp_proto_http" if protocol.startswith("http") else "otlp_proto_grpc"
+    for name in (otlp if n == "otlp" else n for n in trace_exporters(environ)):
         if name not in installed:
             log.warning("OTEL_TRACES_EXPORTER %r is not installed (installed: %s)", name, ", ".join(sorted(installed)))
             continue
@@ -145,8 +147,7 @@ def setup_tracing(tier: str, environ: Mapping[str, str] = os.environ):
     return provider
 
 
-def _grpc_filter():
-    """Leave health checks and reflection out of traces (probes would drown everything)."""
+def _grpc_filter():  # health checks and reflection stay out of traces (probes would drown everything)
     from opentelemetry.instrumentation.grpc import filters
 
     return filters.negate(filters.any_of(filters.service_prefix("grpc.health."),
@@ -224,8 +225,7 @@ def record(key: str, value: float, attributes: Mapping[str, str]) -> None:
     (instrument.record if METRICS[key][0] == "histogram" else instrument.add)(value, attributes)
 
 
-def record_rpc_status(method: str, code) -> None:
-    """The StatusInterceptor's hook: one call per finished call."""
+def record_rpc_status(method: str, code) -> None:  # the StatusInterceptor's hook, once per finished call
     attrs = {"method": method, "code": code.name, "tier": _tier}
     record("rpc_requests", 1, attrs)
     if code.name != "OK":
@@ -253,7 +253,7 @@ def record_step(drafter: str, draft_tokens: int, accepted_tokens: int, bonus: bo
         record("ttft", first_token_s, attrs)
 
 
-def record_request(drafter: str, prompt_tokens: int) -> None:
+def record_request(drafter: str, prompt_tokens: int) -> None:  # a Generate stream starts
     record("active_streams", 1, {"tier": _tier})
     record("prompt_tokens", prompt_tokens, {"drafter": drafter})
 

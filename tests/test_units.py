@@ -35,6 +35,25 @@ def test_token_history_sync_and_cache_miss():
         h.sync(6, [1])
 
 
+def test_a_cache_proves_its_prefix_or_misses():
+    from specmesh.fingerprint import PrefixFingerprints
+
+    committed = PrefixFingerprints([1, 2, 3])
+    h = TokenHistory("s")
+    h.sync(0, [1, 2, 3])
+    h.tokens.extend([7, 8])                                   # drafts
+    committed.extend([7, 9])                                  # the orchestrator committed 7, then recovered 9
+    h.sync(4, [9], committed.at(4))
+    assert h.tokens == [1, 2, 3, 7, 9] and h.fingerprint(5) == committed.at(5)
+    poisoned = TokenHistory("s")
+    poisoned.sync(0, [1, 2, 4, 7, 9])                         # same length, one token different
+    with pytest.raises(CacheMiss, match="prefix fingerprint"):
+        poisoned.sync(5, [1], committed.at(5))
+    with pytest.raises(CacheMiss, match="prefix fingerprint"):
+        h.sync(5, [1], 0)                                     # a caller that sends no fingerprint proves nothing
+    h.sync(0, [5], 0)                                         # a full resend has nothing to prove
+
+
 class FakeTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(i) for i in ids if i != 0)

@@ -36,6 +36,7 @@ class VerifyCall:
     proposals: Sequence[DraftProposal]
     params: SamplingParams
     seed: int
+    prefix_fingerprint: int | None = None   # of tail's start; None: trusted (in-process callers)
 
 
 class TargetEngine:
@@ -108,7 +109,7 @@ class TargetEngine:
             self.sessions.put(session_id, session)   # only once valid: a bad call evicts no one
             return session
         session = self.sessions.get(session_id) or KVSession(session_id, self.model)  # sync raises CacheMiss
-        session.sync(start, tail)
+        session.sync(start, tail, call.prefix_fingerprint)
         self._check_context(len(session.tokens) + len(drafts) + 1)
         return session
 

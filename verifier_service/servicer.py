@@ -30,7 +30,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         scores, cached_len = await self.batcher.submit(VerifyCall(
             request.session_id, request.sync.start, list(request.sync.token_ids),
             [wire.proposal_from_pb(p) for p in request.proposals], wire.sampling_from_pb(request.sampling),
-            request.seed))
+            request.seed, request.sync.prefix_fingerprint))
         return verifier_pb2.VerifyResponse(target_probs=scores.target_probs, recovered_tokens=scores.recovered_tokens,
                                            bonus_token=scores.bonus_token, cached_len=cached_len)
 

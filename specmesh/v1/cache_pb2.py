@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specmesh/v1/cache.proto\x12\x0bspecmesh.v1\"-\n\tCacheSync\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\r\n\x0bInfoRequestb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specmesh/v1/cache.proto\x12\x0bspecmesh.v1\"I\n\tCacheSync\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x1a\n\x12prefix_fingerprint\x18\x03 \x01(\x06\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\r\n\x0bInfoRequestb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specmesh.v1.cache_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CACHESYNC']._serialized_start=40
-  _globals['_CACHESYNC']._serialized_end=85
-  _globals['_RELEASEREQUEST']._serialized_start=87
-  _globals['_RELEASEREQUEST']._serialized_end=123
-  _globals['_RELEASERESPONSE']._serialized_start=125
-  _globals['_RELEASERESPONSE']._serialized_end=160
-  _globals['_INFOREQUEST']._serialized_start=162
-  _globals['_INFOREQUEST']._serialized_end=175
+  _globals['_CACHESYNC']._serialized_end=113
+  _globals['_RELEASEREQUEST']._serialized_start=115
+  _globals['_RELEASEREQUEST']._serialized_end=151
+  _globals['_RELEASERESPONSE']._serialized_start=153
+  _globals['_RELEASERESPONSE']._serialized_end=188
+  _globals['_INFOREQUEST']._serialized_start=190
+  _globals['_INFOREQUEST']._serialized_end=203
 # @@protoc_insertion_point(module_scope)
