@@ -90,6 +90,10 @@ class Chunk:
     step: StepResult | None = None     # None: the first chunk, before any step
     finish_reason: str = ""
 
+    @property
+    def token_ids(self) -> list[int]:
+        return self.step.committed if self.step is not None else []
+
 
 @dataclass
 class _Stream:

@@ -69,8 +69,8 @@ def _chunk_to_pb(chunk: Chunk, first=None) -> orchestrator_pb2.GenerateChunk:
             prompt_tokens=s.prompt_tokens, acceptance_rate=s.acceptance_rate, committed_per_step=s.committed_per_step,
             tokens_per_second=s.tokens_per_second, time_to_first_token_s=s.time_to_first_token_s,
             elapsed_s=s.elapsed_s))
+    msg.token_ids.extend(chunk.token_ids)
     if step is not None:
-        msg.token_ids.extend(step.committed)
         msg.step.CopyFrom(orchestrator_pb2.StepStats(draft_tokens=step.draft_tokens, accepted_tokens=step.accepted,
                                                      bonus=step.bonus, recovered=not step.bonus))
     if first is not None:
