@@ -16,7 +16,7 @@ from typing import AsyncIterator, Sequence
 
 from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
-from orchestrator.sessions import Handle, SessionStore
+from orchestrator.sessions import Handle, SessionLost, SessionStore
 from orchestrator.text import TextStream
 from specmesh import telemetry, wire
 from specmesh.fingerprint import PrefixFingerprints
@@ -181,7 +181,13 @@ class Decoder:
         committed, finish = self._cut(result.tokens, generated, req.max_new_tokens)
         s.steps += 1
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
-            status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
+            try:
+                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
+            except SessionLost:   # Redis came back empty: this stream holds everything the record held
+                log.warning("session record lost (Redis restarted without its data?); writing it again")
+                await self.sessions.create(req.session_id, s.committed, _params_record(req), req.seed,
+                                           prompt_len=len(req.prompt_ids))
+                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
         if status == "cancelled":   # Redis kept nothing of this step: neither does the client
             committed, finish = [], "cancelled"
         s.committed += committed
