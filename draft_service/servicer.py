@@ -32,4 +32,5 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
         drafters = [draft_pb2.DrafterInfo(name=name, model=d.model_name, vocab_size=d.vocab_size,
                                           vocab_fingerprint=d.vocab_fingerprint, max_context=d.max_context)
                     for name, d in sorted(engine.drafters.items())]
-        return draft_pb2.DraftInfo(drafters=drafters, default_drafter=engine.default_drafter, max_k=engine.max_k)
+        return draft_pb2.DraftInfo(drafters=drafters, default_drafter=engine.default_drafter, max_k=engine.max_k,
+                                   cached_sessions=len(engine.sessions))

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Sequence
 
 from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
-from orchestrator.sessions import Handle, SessionStore
+from orchestrator.sessions import Handle, SessionLost, SessionStore
 from orchestrator.text import TextStream
 from specmesh import telemetry, wire
 from specmesh.fingerprint import PrefixFingerprints
@@ -107,6 +107,9 @@ class _Stream:
     verifier: Handle
     prefill: asyncio.Future | None = None                   # the target reading the prompt
     steps: int = 0
+    # Every replica a call for this session was sent to, answered or not: all are released at the end
+    # (a call in flight when the client left may still have built a cache there).
+    touched: set[tuple[str, str]] = field(default_factory=set)          # (tier, replica address)
 
 
 class Decoder:
@@ -161,7 +164,7 @@ class Decoder:
             log.info("session finished (%s): %d tokens in %d steps, %d of %d draft tokens accepted, %.2f s",
                      ended or "aborted", stats.committed_tokens, stats.steps, stats.accepted_tokens,
                      stats.draft_tokens, stats.elapsed_s)
-            await asyncio.shield(self._release(req.session_id, s.draft, s.verifier))
+            await asyncio.shield(self._release(req.session_id, s.touched))
 
     async def step(self, s: _Stream) -> StepResult:
         """Propose k draft tokens, verify them in one target pass, accept a prefix, commit."""
@@ -182,7 +185,13 @@ class Decoder:
         committed, finish = self._cut(result.tokens, generated, req.max_new_tokens)
         s.steps += 1
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
-            status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
+            try:
+                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
+            except SessionLost:   # Redis came back empty: this stream holds everything the record held
+                log.warning("session record lost (Redis restarted without its data?); writing it again")
+                await self.sessions.create(req.session_id, s.committed, _params_record(req), req.seed,
+                                           prompt_len=len(req.prompt_ids))
+                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
         if status == "cancelled":   # Redis kept nothing of this step: neither does the client
             committed, finish = [], "cancelled"
         s.committed += committed
@@ -201,6 +210,7 @@ class Decoder:
         prompt = list(s.committed)
 
         async def rpc(replica, start):
+            s.touched.add(("verifier", replica.address))
             return await replica.stub.Prefill(
                 verifier_pb2.PrefillRequest(session_id=s.req.session_id, token_ids=prompt), timeout=self.rpc_timeout_s)
 
@@ -210,6 +220,7 @@ class Decoder:
     async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int]:
         """The draft's proposals, as messages (they go to the verifier as they are), and its cached length."""
         async def rpc(replica, start):
+            s.touched.add(("draft", replica.address))
             return await replica.stub.Propose(draft_pb2.ProposeRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), k=k, drafter=s.req.drafter,
                 sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n),
@@ -221,6 +232,7 @@ class Decoder:
 
     async def _verify(self, s: _Stream, proposals: Sequence[draft_pb2.DraftProposal]) -> tuple[Scores, int]:
         async def rpc(replica, start):
+            s.touched.add(("verifier", replica.address))
             return await replica.stub.Verify(verifier_pb2.VerifyRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), proposals=proposals,
                 sampling=s.sampling, seed=s.req.seed), timeout=self.rpc_timeout_s)
@@ -235,14 +247,15 @@ class Decoder:
         return cache_pb2.CacheSync(start=start, token_ids=s.committed[start:],
                                    prefix_fingerprint=s.fingerprints.at(start))
 
-    async def _release(self, session_id: str, draft: Handle, verifier: Handle) -> None:
-        """Free both caches and the Redis record; a failure here only costs memory until TTL/eviction."""
+    async def _release(self, session_id: str, touched: set[tuple[str, str]]) -> None:
+        """Free the session's caches on every replica it reached, and its Redis record; a failure
+        here only costs memory until the replica's idle TTL or LRU eviction."""
         request = cache_pb2.ReleaseRequest(session_id=session_id)
         calls = [self.sessions.release(session_id)]
-        for pool, handle in ((self.drafts, draft), (self.verifiers, verifier)):
-            replica = next((r for r in pool.replicas if r.address == handle.replica), None)
-            if replica is not None:
-                calls.append(replica.stub.Release(request, timeout=5))
+        for pool in (self.drafts, self.verifiers):
+            for replica in pool.replicas:
+                if (pool.tier, replica.address) in touched:
+                    calls.append(replica.stub.Release(request, timeout=5))
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, Exception):
                 log.warning("release of session %s incomplete: %s", session_id, outcome)

@@ -92,18 +92,35 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
 
 
 async def serve(config: OrchestratorConfig) -> None:
-    sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s, os.environ.get("REDIS_PASSWORD"))
+    sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s, os.environ.get("REDIS_PASSWORD"),
+                                     config.redis_retry_s)
     servicer = OrchestratorServicer(sessions, config.max_active_sessions)
     runtime = ServiceRuntime([SERVICE_NAME], config.port)
     await runtime.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
     await connect(config, servicer, sessions)
     await runtime.set_serving(True)
+    health = asyncio.ensure_future(follow_redis(runtime, sessions))
     log.info("orchestrator SERVING on port %d (drafts: %s; verifiers: %s; redis: %s)", runtime.port,
              ",".join(config.draft_addrs), ",".join(config.verifier_addrs), _redacted(config.redis_url))
     await runtime.run_until_stopped()
+    health.cancel()
     await servicer.decoder.drafts.close()
     await servicer.decoder.verifiers.close()
     await sessions.client.aclose()
+
+
+async def follow_redis(runtime: ServiceRuntime, sessions: SessionStore, every_s: float = 1.0) -> None:
+    """Health follows Redis: NOT_SERVING while it does not answer, so load balancers and
+    probes send new streams elsewhere; SERVING again as soon as it does."""
+    serving = True
+    while not runtime.stopping:
+        reachable = await sessions.reachable()
+        if reachable != serving and not runtime.stopping:
+            log.warning("redis %s: %s", "answers again" if reachable else "unreachable",
+                        "SERVING" if reachable else "NOT_SERVING")
+            await runtime.set_serving(reachable)
+            serving = reachable
+        await asyncio.sleep(every_s)
 
 
 def _redacted(url: str) -> str:

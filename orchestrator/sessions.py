@@ -14,6 +14,8 @@ every commit, so an abandoned session disappears on its own.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import struct
 import time
@@ -21,8 +23,12 @@ from dataclasses import asdict, dataclass
 
 import grpc
 import redis.asyncio as redis
+from redis.asyncio.retry import Retry   # the asyncio one: redis.retry.Retry would not await the command
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from specmesh.errors import AlreadyExists, NotFound, ServiceError
+from specmesh.errors import AlreadyExists, NotFound, ServiceError, Unavailable
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -83,6 +89,22 @@ class SessionRecord:
     ttl_s: int
 
 
+class SessionLost(NotFound):
+    """The record vanished while its stream ran: Redis restarted without its data (nothing
+    else deletes a running session's record). Its orchestrator can write it again."""
+
+
+def _unavailable_when_down(method):
+    """Redis unreachable past the client's retries: UNAVAILABLE, naming no internal address."""
+    @functools.wraps(method)
+    async def wrapped(*args, **kwargs):
+        try:
+            return await method(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError):
+            raise Unavailable("the session store (Redis) is unreachable; retry shortly") from None
+    return wrapped
+
+
 class CommitConflict(ServiceError):
     """Another writer changed the session: two streams must not drive one session."""
 
@@ -107,21 +129,33 @@ class SessionStore:
         self._cancel = client.register_script(_CANCEL)
 
     @classmethod
-    def from_url(cls, url: str, ttl_s: int, password: str | None = None) -> "SessionStore":
-        """A password in the URL wins over `password` (REDIS_PASSWORD, kept in a Secret apart from the URL)."""
-        return cls(redis.Redis.from_url(url, password=password or None), ttl_s)
+    def from_url(cls, url: str, ttl_s: int, password: str | None = None, retry_s: float = 5.0) -> "SessionStore":
+        """A password in the URL wins over `password` (REDIS_PASSWORD, kept in a Secret apart from the URL).
+
+        redis-py retries a command on a lost connection with exponential backoff for about
+        `retry_s`: a Redis blip (a restart, a failover) costs latency, not the streams in flight.
+        """
+        retries = max(1, round(retry_s / 0.5) + 2)   # waits 0.1, 0.2, 0.4, then 0.5 s each: about retry_s
+        return cls(redis.Redis.from_url(
+            url, password=password or None, socket_connect_timeout=1.0, socket_timeout=5.0,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError]), ttl_s)
 
     def keys(self, session_id: str) -> list[str]:
         return [f"{self.prefix}:session:{{{session_id}}}", f"{self.prefix}:tokens:{{{session_id}}}"]
 
-    async def create(self, session_id: str, prompt: list[int], params: dict, seed: int) -> None:
-        fields = {"prompt_len": len(prompt), "params": json.dumps(params), "seed": seed, "step": 0,
+    @_unavailable_when_down
+    async def create(self, session_id: str, prompt: list[int], params: dict, seed: int,
+                     prompt_len: int | None = None) -> None:
+        """A new record holding `prompt` as its tokens (a restored one: every committed token so far)."""
+        fields = {"prompt_len": len(prompt) if prompt_len is None else prompt_len, "params": json.dumps(params), "seed": seed, "step": 0,
                   "status": "running", "draft_handle": Handle().to_json(), "verifier_handle": Handle().to_json(),
                   "created_ms": int(time.time() * 1000)}
         flat = [item for pair in fields.items() for item in pair]
         if not await self._create(keys=self.keys(session_id), args=[self.ttl_s, pack(prompt), *flat]):
             raise AlreadyExists(f"session {session_id} already exists")
 
+    @_unavailable_when_down
     async def commit(self, session_id: str, expected_len: int, new_tokens: list[int], step: int,
                      draft: Handle, verifier: Handle) -> str:
         """Append a step's committed tokens; returns "running" or "cancelled"."""
@@ -129,14 +163,16 @@ class SessionStore:
                                     args=[self.ttl_s, expected_len, pack(new_tokens), step,
                                           draft.to_json(), verifier.to_json()])
         if result == -1:
-            raise NotFound(f"session {session_id} expired or was released")
+            raise SessionLost(f"session {session_id} expired or was released")
         if result == -3:
             raise CommitConflict(f"session {session_id} was changed by another writer")
         return "cancelled" if result == -2 else "running"
 
+    @_unavailable_when_down
     async def cancel(self, session_id: str) -> bool:
         return bool(await self._cancel(keys=self.keys(session_id)))
 
+    @_unavailable_when_down
     async def get(self, session_id: str) -> SessionRecord | None:
         key, tokens_key = self.keys(session_id)
         async with self.client.pipeline(transaction=True) as pipe:
@@ -149,5 +185,13 @@ class SessionStore:
                              status=f["status"].decode(), draft_handle=Handle.from_json(f["draft_handle"]),
                              verifier_handle=Handle.from_json(f["verifier_handle"]), ttl_s=int(ttl))
 
+    @_unavailable_when_down
     async def release(self, session_id: str) -> bool:
         return bool(await self.client.delete(*self.keys(session_id)))
+
+    async def reachable(self, timeout_s: float = 1.0) -> bool:
+        """One PING within `timeout_s`, without the retries (health checks must answer now)."""
+        try:
+            return bool(await asyncio.wait_for(self.client.ping(), timeout_s))
+        except (RedisConnectionError, RedisTimeoutError, asyncio.TimeoutError, OSError):
+            return False

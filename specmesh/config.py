@@ -68,6 +68,9 @@ class OrchestratorConfig:
                                                          "to it (so the password can come from a Secret)",
                              env="REDIS_URL")
     session_ttl_s: int = setting(3600, "a session record untouched this long expires from Redis")
+    redis_retry_s: float = setting(
+        5.0, "how long a Redis command is retried while Redis is unreachable (a restart, a failover) before "
+             "the client gets UNAVAILABLE: streams in flight ride out a blip this long")
     default_k: int = setting(4, "draft tokens per step for a request that sets none")
     max_k: int = setting(8, "most draft tokens per step a request may ask for")
     default_max_new_tokens: int = setting(128, "max_new_tokens for a request that sets none")

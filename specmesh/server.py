@@ -127,6 +127,10 @@ class ServiceRuntime:
     def request_stop(self) -> None:
         self._stopping.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
     async def run_until_stopped(self, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
         """Serve until SIGTERM/SIGINT (or request_stop), then drain and stop."""
         loop = asyncio.get_running_loop()

@@ -39,7 +39,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         return cache_pb2.ReleaseResponse(released=await self.host.run(engine.release, request.session_id))
 
     async def Info(self, request, context):
-        info = self.host.require().info
+        engine = self.host.require()
+        info = engine.info
         return verifier_pb2.VerifierInfo(model=info.name, vocab_size=info.vocab_size,
                                          vocab_fingerprint=info.vocab_fingerprint, max_context=info.max_context,
-                                         eos_token_ids=list(info.eos_token_ids))
+                                         eos_token_ids=list(info.eos_token_ids), cached_sessions=len(engine.sessions))

@@ -59,11 +59,13 @@ class DrafterInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ...) -> None: ...
 
 class DraftInfo(_message.Message):
-    __slots__ = ("drafters", "default_drafter", "max_k")
+    __slots__ = ("drafters", "default_drafter", "max_k", "cached_sessions")
     DRAFTERS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_DRAFTER_FIELD_NUMBER: _ClassVar[int]
     MAX_K_FIELD_NUMBER: _ClassVar[int]
+    CACHED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     drafters: _containers.RepeatedCompositeFieldContainer[DrafterInfo]
     default_drafter: str
     max_k: int
-    def __init__(self, drafters: _Optional[_Iterable[_Union[DrafterInfo, _Mapping]]] = ..., default_drafter: _Optional[str] = ..., max_k: _Optional[int] = ...) -> None: ...
+    cached_sessions: int
+    def __init__(self, drafters: _Optional[_Iterable[_Union[DrafterInfo, _Mapping]]] = ..., default_drafter: _Optional[str] = ..., max_k: _Optional[int] = ..., cached_sessions: _Optional[int] = ...) -> None: ...

@@ -50,15 +50,17 @@ class VerifyResponse(_message.Message):
     def __init__(self, target_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., cached_len: _Optional[int] = ...) -> None: ...
 
 class VerifierInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "vocab_fingerprint", "max_context", "eos_token_ids")
+    __slots__ = ("model", "vocab_size", "vocab_fingerprint", "max_context", "eos_token_ids", "cached_sessions")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     vocab_fingerprint: str
     max_context: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    cached_sessions: int
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., cached_sessions: _Optional[int] = ...) -> None: ...
