@@ -16,10 +16,12 @@ from typing import AsyncIterator, Sequence
 
 from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
-from orchestrator.sessions import Handle, SessionLost, SessionStore
+from orchestrator.sessions import Fenced, Handle, SessionLost, SessionStore
 from orchestrator.text import TextStream
 from specmesh import telemetry, wire
+from specmesh.errors import InvalidArgument, NotFound
 from specmesh.fingerprint import PrefixFingerprints
+from specmesh.sampling import SamplingParams
 from specmesh.speculative import Scores, accept
 from specmesh.v1 import cache_pb2, draft_pb2, sampling_pb2, verifier_pb2
 
@@ -89,10 +91,13 @@ class Chunk:
     stats: Stats
     step: StepResult | None = None     # None: the first chunk, before any step
     finish_reason: str = ""
+    offset: int = 0                    # completion tokens before this chunk's
+    replayed: list[int] = field(default_factory=list)   # a resumed stream's first chunk: tokens already committed
+    request: GenerationRequest | None = None            # the first chunk: what the session runs with
 
     @property
     def token_ids(self) -> list[int]:
-        return self.step.committed if self.step is not None else []
+        return self.step.committed if self.step is not None else self.replayed
 
 
 @dataclass
@@ -110,6 +115,7 @@ class _Stream:
     # Every replica a call for this session was sent to, answered or not: all are released at the end
     # (a call in flight when the client left may still have built a cache there).
     touched: set[tuple[str, str]] = field(default_factory=set)          # (tier, replica address)
+    lease: int = 1                                          # the fencing token this orchestrator commits under
 
 
 class Decoder:
@@ -124,22 +130,51 @@ class Decoder:
         self.rpc_timeout_s = rpc_timeout_s
 
     async def run(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
-        """Steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
-        stats = Stats(prompt_tokens=len(req.prompt_ids))
+        """A new session: steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
         await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed)
         s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), PrefixFingerprints(req.prompt_ids),
                     Handle(cache_id=req.session_id), Handle(cache_id=req.session_id))
+        s.prefill = asyncio.ensure_future(self._prefill(s))   # the target reads the prompt during the first Propose
+        async for chunk in self._drive(s, offset=0):
+            yield chunk
+
+    async def resume(self, session_id: str, offset: int) -> AsyncIterator[Chunk]:
+        """Continue a session from its Redis record (its stream was lost): first the committed tokens
+        past `offset`, then new steps. Draws depend only on (seed, position), so nothing changes."""
+        lease = await self.sessions.take_lease(session_id)   # fences off whoever drove it before
+        record = await self.sessions.get(session_id) if lease else None
+        if record is None:
+            raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
+        committed = record.tokens[record.prompt_len:]
+        if not 0 <= offset <= len(committed):
+            raise InvalidArgument("resume_offset", f"must be in [0, {len(committed)}] (the tokens committed so far), "
+                                                   f"got {offset}")
+        req = _request_from_record(record)
+        s = _Stream(req, wire.sampling_to_pb(req.params), list(record.tokens), PrefixFingerprints(record.tokens),
+                    record.draft_handle, record.verifier_handle, steps=record.step, lease=lease)
+        log.info("resuming session at %d of %d committed tokens (lease %d)", offset, len(committed), lease)
+        async for chunk in self._drive(s, offset):
+            yield chunk
+
+    async def _drive(self, s: _Stream, offset: int) -> AsyncIterator[Chunk]:
+        """The loop: a first chunk (with the committed tokens past `offset`, when resuming), then a chunk per step."""
+        req = s.req
+        stats = Stats(prompt_tokens=len(req.prompt_ids))
         text = TextStream(self.tokenizer, req.stop)
         telemetry.bind_session(req.session_id)       # on the Generate span and in log records
         telemetry.record_request(req.drafter, len(req.prompt_ids))
+        generated = s.committed[len(req.prompt_ids):]
+        text.update(generated[:offset], final=False)  # what the client already holds
+        replay = text.update(generated, final=False)
         finish = ended = ""
+        fenced = False
         try:
-            yield Chunk(req.session_id, "", stats)
-            s.prefill = asyncio.ensure_future(self._prefill(s))   # overlaps the first Propose
+            yield Chunk(req.session_id, replay, stats, offset=offset, replayed=generated[offset:], request=req)
             while not finish:
                 started = time.perf_counter()
                 # The span ends before the yield: a step's children are Propose, Verify, accept and commit.
                 with telemetry.tracer().start_as_current_span(telemetry.SPAN_STEP) as span:
+                    before = len(s.committed) - len(req.prompt_ids)
                     step = await self.step(s)
                     _describe(span, s.steps, step)
                 stats.add(step)
@@ -150,8 +185,11 @@ class Decoder:
                 first = stats.first_token_at is not None and stats.committed_tokens == len(step.committed) > 0
                 telemetry.record_step(req.drafter, step.draft_tokens, step.accepted, step.bonus, len(step.committed),
                                       time.perf_counter() - started, stats.time_to_first_token_s if first else None)
-                yield Chunk(req.session_id, delta, stats, step, finish)
+                yield Chunk(req.session_id, delta, stats, step, finish, offset=before)
             ended = finish
+        except Fenced:
+            fenced = True   # the new driver holds the record and the caches now: leave them be
+            raise
         finally:
             if s.prefill is not None:   # the loop failed before using it
                 s.prefill.cancel()
@@ -161,10 +199,11 @@ class Decoder:
                                          stats.time_to_first_token_s if stats.first_token_at else None,
                                          stats.committed_tokens)
             # Counts only: prompts and outputs are never logged.
-            log.info("session finished (%s): %d tokens in %d steps, %d of %d draft tokens accepted, %.2f s",
-                     ended or "aborted", stats.committed_tokens, stats.steps, stats.accepted_tokens,
-                     stats.draft_tokens, stats.elapsed_s)
-            await asyncio.shield(self._release(req.session_id, s.touched))
+            log.info("session %s (%s): %d tokens in %d steps, %d of %d draft tokens accepted, %.2f s",
+                     "handed over" if fenced else "finished", ended or "aborted", stats.committed_tokens,
+                     stats.steps, stats.accepted_tokens, stats.draft_tokens, stats.elapsed_s)
+            if not fenced:
+                await asyncio.shield(self._release(req.session_id, s.touched))
 
     async def step(self, s: _Stream) -> StepResult:
         """Propose k draft tokens, verify them in one target pass, accept a prefix, commit."""
@@ -186,12 +225,14 @@ class Decoder:
         s.steps += 1
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
             try:
-                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
+                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier,
+                                                    s.lease)
             except SessionLost:   # Redis came back empty: this stream holds everything the record held
                 log.warning("session record lost (Redis restarted without its data?); writing it again")
                 await self.sessions.create(req.session_id, s.committed, _params_record(req), req.seed,
-                                           prompt_len=len(req.prompt_ids))
-                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier)
+                                           prompt_len=len(req.prompt_ids), lease=s.lease)
+                status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier,
+                                                    s.lease)
         if status == "cancelled":   # Redis kept nothing of this step: neither does the client
             committed, finish = [], "cancelled"
         s.committed += committed
@@ -267,6 +308,14 @@ def _describe(span, number: int, step: StepResult) -> None:
                              telemetry.ATTR_DRAFT_TOKENS: step.draft_tokens,
                              telemetry.ATTR_ACCEPTED_TOKENS: step.accepted, telemetry.ATTR_BONUS: step.bonus,
                              telemetry.ATTR_COMMITTED_TOKENS: len(step.committed)})
+
+
+def _request_from_record(record) -> GenerationRequest:
+    p = record.params
+    return GenerationRequest(
+        session_id=record.session_id, prompt_ids=record.tokens[:record.prompt_len],
+        max_new_tokens=p["max_new_tokens"], params=SamplingParams(p["temperature"], p["top_k"], p["top_p"]),
+        seed=record.seed, stop=tuple(p["stop"]), k=p["k"], drafter=p["drafter"])
 
 
 def _params_record(req: GenerationRequest) -> dict:

@@ -28,14 +28,17 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             raise ResourceExhausted(f"{self.active} sessions are running, the limit is {self.max_active_sessions}")
         self.active += 1   # before the first await, so concurrent calls cannot all slip under the limit
         try:
-            prompt_ids = await asyncio.to_thread(tokenize_prompt, request, self.decoder.tokenizer)
-            generation = validate(request, prompt_ids, self.limits)
+            if request.HasField("resume_offset"):
+                if not request.session_id:
+                    raise InvalidArgument("session_id", "resume_offset needs the session_id to resume")
+                chunks = self.decoder.resume(request.session_id, request.resume_offset)
+            else:
+                prompt_ids = await asyncio.to_thread(tokenize_prompt, request, self.decoder.tokenizer)
+                chunks = self.decoder.run(validate(request, prompt_ids, self.limits))
             # aclosing: a client that goes away still releases the session now, not at garbage collection.
-            async with contextlib.aclosing(self.decoder.run(generation)) as chunks:
-                first = True
+            async with contextlib.aclosing(chunks) as chunks:
                 async for chunk in chunks:
-                    yield _chunk_to_pb(chunk, generation if first else None)
-                    first = False
+                    yield _chunk_to_pb(chunk)
         finally:
             self.active -= 1
 
@@ -59,10 +62,10 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return orchestrator_pb2.CancelResponse()
 
 
-def _chunk_to_pb(chunk: Chunk, first=None) -> orchestrator_pb2.GenerateChunk:
+def _chunk_to_pb(chunk: Chunk) -> orchestrator_pb2.GenerateChunk:
     s, step = chunk.stats, chunk.step
     msg = orchestrator_pb2.GenerateChunk(
-        session_id=chunk.session_id, text=chunk.text, finish_reason=chunk.finish_reason,
+        session_id=chunk.session_id, text=chunk.text, finish_reason=chunk.finish_reason, offset=chunk.offset,
         stats=orchestrator_pb2.GenerateStats(
             steps=s.steps, draft_tokens=s.draft_tokens, accepted_tokens=s.accepted_tokens,
             recovered_tokens=s.recovered_tokens, bonus_tokens=s.bonus_tokens, committed_tokens=s.committed_tokens,
@@ -73,6 +76,6 @@ def _chunk_to_pb(chunk: Chunk, first=None) -> orchestrator_pb2.GenerateChunk:
     if step is not None:
         msg.step.CopyFrom(orchestrator_pb2.StepStats(draft_tokens=step.draft_tokens, accepted_tokens=step.accepted,
                                                      bonus=step.bonus, recovered=not step.bonus))
-    if first is not None:
-        msg.seed, msg.drafter, msg.k = first.seed, first.drafter, first.k
+    if chunk.request is not None:
+        msg.seed, msg.drafter, msg.k = chunk.request.seed, chunk.request.drafter, chunk.request.k
     return msg

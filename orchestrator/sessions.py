@@ -39,9 +39,10 @@ redis.call('EXPIRE', KEYS[2], ARGV[1])
 return 1
 """
 
-# ARGV: ttl, expected committed length, new token bytes, step, draft handle, verifier handle
+# ARGV: ttl, expected committed length, new token bytes, step, draft handle, verifier handle, lease
 _COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[7] then return -4 end
 if redis.call('HGET', KEYS[1], 'status') == 'cancelled' then return -2 end
 if redis.call('STRLEN', KEYS[2]) ~= 4 * tonumber(ARGV[2]) then return -3 end
 local length = redis.call('APPEND', KEYS[2], ARGV[3]) / 4
@@ -49,6 +50,13 @@ redis.call('HSET', KEYS[1], 'step', ARGV[4], 'draft_handle', ARGV[5], 'verifier_
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 return length
+"""
+
+# The fencing token: whoever drives the session holds the current value; taking the lease
+# increments it, so the previous driver's next commit is refused.
+_TAKE_LEASE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('HINCRBY', KEYS[1], 'lease', 1)
 """
 
 _CANCEL = """
@@ -105,6 +113,12 @@ def _unavailable_when_down(method):
     return wrapped
 
 
+class Fenced(ServiceError):
+    """Another orchestrator took the session over (a resume): this one must stop driving it."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class CommitConflict(ServiceError):
     """Another writer changed the session: two streams must not drive one session."""
 
@@ -127,6 +141,7 @@ class SessionStore:
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT)
         self._cancel = client.register_script(_CANCEL)
+        self._take_lease = client.register_script(_TAKE_LEASE)
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int, password: str | None = None, retry_s: float = 5.0) -> "SessionStore":
@@ -146,27 +161,34 @@ class SessionStore:
 
     @_unavailable_when_down
     async def create(self, session_id: str, prompt: list[int], params: dict, seed: int,
-                     prompt_len: int | None = None) -> None:
+                     prompt_len: int | None = None, lease: int = 1) -> None:
         """A new record holding `prompt` as its tokens (a restored one: every committed token so far)."""
         fields = {"prompt_len": len(prompt) if prompt_len is None else prompt_len, "params": json.dumps(params), "seed": seed, "step": 0,
                   "status": "running", "draft_handle": Handle().to_json(), "verifier_handle": Handle().to_json(),
-                  "created_ms": int(time.time() * 1000)}
+                  "lease": lease, "created_ms": int(time.time() * 1000)}
         flat = [item for pair in fields.items() for item in pair]
         if not await self._create(keys=self.keys(session_id), args=[self.ttl_s, pack(prompt), *flat]):
             raise AlreadyExists(f"session {session_id} already exists")
 
     @_unavailable_when_down
     async def commit(self, session_id: str, expected_len: int, new_tokens: list[int], step: int,
-                     draft: Handle, verifier: Handle) -> str:
-        """Append a step's committed tokens; returns "running" or "cancelled"."""
+                     draft: Handle, verifier: Handle, lease: int = 1) -> str:
+        """Append a step's committed tokens if `lease` is still the session's; "running" or "cancelled"."""
         result = await self._commit(keys=self.keys(session_id),
                                     args=[self.ttl_s, expected_len, pack(new_tokens), step,
-                                          draft.to_json(), verifier.to_json()])
+                                          draft.to_json(), verifier.to_json(), lease])
+        if result == -4:
+            raise Fenced(f"session {session_id} was taken over by another orchestrator (resumed)")
         if result == -1:
             raise SessionLost(f"session {session_id} expired or was released")
         if result == -3:
             raise CommitConflict(f"session {session_id} was changed by another writer")
         return "cancelled" if result == -2 else "running"
+
+    @_unavailable_when_down
+    async def take_lease(self, session_id: str) -> int:
+        """Become the session's driver: the new fencing token, 0 when there is no such session."""
+        return int(await self._take_lease(keys=self.keys(session_id)))
 
     @_unavailable_when_down
     async def cancel(self, session_id: str) -> bool:

@@ -2,6 +2,8 @@
 and the tests use, and an example for callers in other services."""
 from __future__ import annotations
 
+import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -68,13 +70,36 @@ class Completion:
 
 
 class Client:
-    def __init__(self, address: str):
+    """The public API over one channel. `address` may name several orchestrators
+    ("ipv4:10.0.0.1:50051,10.0.0.2:50051", or a DNS name with several records):
+    when one dies mid-stream, the stream is resumed on another, transparently."""
+
+    def __init__(self, address: str, resume_attempts: int = 5):
         self.channel = grpc.insecure_channel(address)
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
+        self.resume_attempts = resume_attempts
 
     def stream(self, request: orchestrator_pb2.GenerateRequest, timeout: float | None = None
                ) -> Iterator[orchestrator_pb2.GenerateChunk]:
-        return self.stub.Generate(request, timeout=timeout)
+        """The chunks of one completion. A stream that breaks (UNAVAILABLE: its orchestrator died, the
+        connection dropped) is resumed from the tokens received so far (`resume_offset`): the caller
+        sees one stream, token for token what an uninterrupted one gives."""
+        if not request.session_id and not request.HasField("resume_offset"):
+            request = orchestrator_pb2.GenerateRequest.FromString(request.SerializeToString())
+            request.session_id = uuid.uuid4().hex   # known before the first chunk, so even that can be resumed
+        received, attempt = None, 0
+        while True:
+            try:
+                for chunk in self.stub.Generate(request, timeout=timeout, wait_for_ready=attempt > 0):
+                    received = chunk.offset + len(chunk.token_ids)
+                    yield chunk
+                return
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or received is None or attempt >= self.resume_attempts:
+                    raise
+                attempt += 1
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))   # the channel reconnects meanwhile (to another replica)
+                request = orchestrator_pb2.GenerateRequest(session_id=request.session_id, resume_offset=received)
 
     def generate(self, prompt, timeout: float | None = None, **kwargs) -> Completion:
         completion = Completion()

@@ -58,6 +58,8 @@ class Cluster:
     redis_url: str | None = None
     draft_replicas: int = 1
     verifier_replicas: int = 1
+    # Several orchestrators share Redis: any of them can resume another's session.
+    orchestrator_replicas: int = 1
     log_dir: Path | None = None          # None: children log to this terminal
     extra_env: dict[str, str] = field(default_factory=dict)
     orchestrator_args: list[str] = field(default_factory=list)
@@ -67,6 +69,7 @@ class Cluster:
     verifier_ports: list[int] = field(default_factory=list)
     redis: EmbeddedRedis | None = None
     _pending: list = field(default_factory=list)
+    _more_orchestrator_ports: list[int] = field(default_factory=list)
     # metrics=True gives every process a free Prometheus port: metrics_ports["orchestrator" | "draft-0" | ...].
     metrics: bool = False
     metrics_ports: dict[str, int] = field(default_factory=dict)
@@ -74,6 +77,15 @@ class Cluster:
     @property
     def address(self) -> str:
         return f"localhost:{self.port}"
+
+    @property
+    def orchestrator_ports(self) -> list[int]:
+        return [self.port] + self._more_orchestrator_ports
+
+    @property
+    def target(self) -> str:
+        """A gRPC target naming every orchestrator: a channel fails over from one to the next."""
+        return "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in self.orchestrator_ports)
 
     @property
     def draft_port(self) -> int:
@@ -114,7 +126,7 @@ class Cluster:
             args = ["--port", str(port)] + (["--model", self.model] if self.model else [])
             service = "specmesh.v1.Verifier"
         else:
-            port = self.port
+            port = self.orchestrator_ports[int(index or 0)]
             args = ["--port", str(port),
                     "--draft-addrs", ",".join(f"localhost:{p}" for p in self.draft_ports),
                     "--verifier-addrs", ",".join(f"localhost:{p}" for p in self.verifier_ports),
@@ -149,7 +161,10 @@ class Cluster:
             for i in range(len(self.draft_ports)):
                 self.start_tier(f"draft-{i}")
             self.wait()
+            self._more_orchestrator_ports = [free_port() for _ in range(self.orchestrator_replicas - 1)]
             self.start_tier("orchestrator")
+            for i in range(1, self.orchestrator_replicas):
+                self.start_tier(f"orchestrator-{i}")
             self.wait()
         except BaseException:
             self.stop()
@@ -168,8 +183,8 @@ class Cluster:
             return process.wait()
 
     def stop(self) -> dict[str, int | None]:
-        """SIGTERM the orchestrator first (it drains its streams), then the model tiers."""
-        names = ["orchestrator"] + sorted(n for n in self.processes if n != "orchestrator")
+        """SIGTERM the orchestrators first (they drain their streams), then the model tiers."""
+        names = sorted(self.processes, key=lambda n: (not n.startswith("orchestrator"), n))
         codes = {name: self.stop_tier(name) for name in names}
         if self.redis is not None:
             self.redis.stop()

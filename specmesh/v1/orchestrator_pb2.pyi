@@ -28,7 +28,7 @@ class TokenPrompt(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "chat", "tokens", "max_new_tokens", "sampling", "seed", "stop", "k", "drafter", "session_id")
+    __slots__ = ("text", "chat", "tokens", "max_new_tokens", "sampling", "seed", "stop", "k", "drafter", "session_id", "resume_offset")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class GenerateRequest(_message.Message):
     K_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_OFFSET_FIELD_NUMBER: _ClassVar[int]
     text: str
     chat: ChatPrompt
     tokens: TokenPrompt
@@ -49,7 +50,8 @@ class GenerateRequest(_message.Message):
     k: int
     drafter: str
     session_id: str
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., tokens: _Optional[_Union[TokenPrompt, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    resume_offset: int
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[_Union[ChatPrompt, _Mapping]] = ..., tokens: _Optional[_Union[TokenPrompt, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., session_id: _Optional[str] = ..., resume_offset: _Optional[int] = ...) -> None: ...
 
 class StepStats(_message.Message):
     __slots__ = ("draft_tokens", "accepted_tokens", "bonus", "recovered")
@@ -92,8 +94,9 @@ class GenerateStats(_message.Message):
     def __init__(self, steps: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., committed_tokens: _Optional[int] = ..., recovered_tokens: _Optional[int] = ..., bonus_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., committed_per_step: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., time_to_first_token_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("session_id", "text", "token_ids", "step", "finish_reason", "stats", "seed", "drafter", "k")
+    __slots__ = ("session_id", "offset", "text", "token_ids", "step", "finish_reason", "stats", "seed", "drafter", "k")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +106,7 @@ class GenerateChunk(_message.Message):
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     session_id: str
+    offset: int
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     step: StepStats
@@ -111,7 +115,7 @@ class GenerateChunk(_message.Message):
     seed: int
     drafter: str
     k: int
-    def __init__(self, session_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., step: _Optional[_Union[StepStats, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[GenerateStats, _Mapping]] = ..., seed: _Optional[int] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., offset: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., step: _Optional[_Union[StepStats, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[GenerateStats, _Mapping]] = ..., seed: _Optional[int] = ..., drafter: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("session_id", "text", "token_ids", "finish_reason", "stats", "seed")
