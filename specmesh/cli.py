@@ -1,9 +1,9 @@
 """The `specmesh` command.
 
-    specmesh up                      all three services + Redis on this machine, one
+    specmesh up                      all services + Redis + the HTTP gateway on this machine, one
                                      answer streamed as a check, then serve until Ctrl-C
     specmesh demo                    the same, but exit after the answer
-    specmesh serve draft|verifier|orchestrator    one tier alone
+    specmesh serve draft|verifier|orchestrator|gateway    one tier alone
     specmesh generate PROMPT         stream a completion from a running orchestrator
     specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
 """
@@ -35,6 +35,18 @@ def _add_model_flags(p: argparse.ArgumentParser, draft: bool = True) -> None:
                                                           "the n-gram drafter is used [SPECMESH_DRAFT_MODEL]")
 
 
+def _add_config_flags(p: argparse.ArgumentParser, config_class: str) -> None:
+    """One flag per field of a config dataclass (--http-port for http_port), defaulting to its environment variable."""
+    import dataclasses
+
+    from specmesh import config as cfg
+
+    for f in dataclasses.fields(getattr(cfg, config_class)):
+        env = cfg.SETTING_ENV.get(f.name)
+        p.add_argument("--" + f.name.replace("_", "-"), default=None,
+                       help=f"default {f.default!r}" + (f" [{env}]" if env else ""))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specmesh", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--prompt", default=DEMO_PROMPT, help="the first request, sent once everything serves")
         p.add_argument("--max-new-tokens", type=int, default=96, help="for the first request")
         p.add_argument("--metrics", action="store_true", help="serve Prometheus /metrics on a free port per process")
+        p.add_argument("--http-port", type=int, default=8000,
+                       help="the OpenAI-compatible HTTP gateway's port (default 8000); 0: no gateway")
         _add_model_flags(p)
     up.add_argument("--no-demo", action="store_true", help="skip the first request")
 
@@ -89,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--replica-retry-s", type=float,
                    help="retry this long when every replica of a tier fails [SPECMESH_REPLICA_RETRY_S]")
     o.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here [SPECMESH_METRICS_PORT]")
+    _add_config_flags(tiers.add_parser("gateway", help="the OpenAI-compatible HTTP API [port 8000]"), "GatewayConfig")
 
     g = sub.add_parser("generate", help="stream a completion from a running orchestrator")
     g.add_argument("prompt")
@@ -115,6 +130,13 @@ def _serve(args) -> None:
     from specmesh import config as cfg
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "tier")}
+    if args.tier == "gateway":   # no torch in this process
+        from gateway.server import serve as serve_gateway
+        from specmesh import telemetry
+
+        telemetry.setup("gateway")   # tracing when OTEL_* asks for it; metrics are on the HTTP port
+        serve_gateway(cfg.from_env(cfg.GatewayConfig, overrides))
+        return
     import torch
 
     if args.tier == "draft":
@@ -177,7 +199,7 @@ def _up(args, exit_after_demo: bool = False) -> int:
 
     cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url,
                       draft_replicas=args.draft_replicas, verifier_replicas=args.verifier_replicas,
-                      metrics=args.metrics)
+                      metrics=args.metrics, http_port=args.http_port or None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -190,14 +212,21 @@ def _up(args, exit_after_demo: bool = False) -> int:
         return 1
     try:
         print(f"specmesh orchestrator SERVING at {cluster.address}", flush=True)
+        if cluster.http_port:
+            print(f"OpenAI-compatible API at {cluster.http_url}/v1 (model: {cluster.served_model()})", flush=True)
         for name in sorted(cluster.metrics_ports):
             print(f"  {name} metrics: {cluster.metrics_url(name)}", flush=True)
         if not getattr(args, "no_demo", False):
             _demo(cluster.address, args.prompt, args.max_new_tokens)
         if exit_after_demo:
             return 0
-        print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"\n"
-              "Ctrl-C (or SIGTERM) stops every service.", flush=True)
+        print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"", flush=True)
+        if cluster.http_port:
+            print(f"  or: curl -N {cluster.http_url}/v1/chat/completions -H 'Content-Type: application/json' "
+                  f"-d '{{\"model\": \"{cluster.served_model()}\", \"stream\": true, "
+                  f"\"messages\": [{{\"role\": \"user\", \"content\": \"Write a haiku about caches\"}}]}}'",
+                  flush=True)
+        print("Ctrl-C (or SIGTERM) stops every service.", flush=True)
         while not stop.wait(1.0):
             dead = [t for t, p in cluster.processes.items() if p.poll() is not None]
             if dead:

@@ -78,6 +78,28 @@ class OrchestratorConfig:
     metrics_port: int | None = None
 
 
+@dataclass(frozen=True)
+class GatewayConfig:
+    # 8000: where OpenAI-compatible servers (vLLM, llama.cpp's, TGI's examples) listen, so clients' defaults work.
+    http_port: int = 8000
+    host: str = "0.0.0.0"
+    # The orchestrator's public gRPC API (in the chart: the orchestrator Service).
+    orchestrator_addr: str = "localhost:50051"
+    # Bodies past this get 413 before any parsing. 4 MiB holds a prompt filling a 128k-token context
+    # several times over, and bounds what one request can make this process hold.
+    max_body_bytes: int = 4 * 1024 * 1024
+    # The model id clients send and /v1/models lists; empty: the target model's name as the verifier reports it.
+    served_model_name: str = ""
+    # Deadline of one completion on the orchestrator (its longest generation, not a step).
+    request_timeout_s: float = 600.0
+    # SSE comment lines on an idle stream keep proxies from closing it during a long prefill.
+    sse_ping_s: float = 15.0
+    # SIGTERM: open streams get this long to finish before the connections are closed.
+    shutdown_grace_s: float = 30.0
+    # One log line per HTTP request; off by default (the metrics count requests).
+    access_log: bool = False
+
+
 SETTING_ENV = {
     "port": "SPECMESH_PORT",
     "draft_model": "SPECMESH_DRAFT_MODEL",
@@ -104,11 +126,22 @@ SETTING_ENV = {
     "torch_threads": "SPECMESH_TORCH_THREADS",
     "ngram_max": "SPECMESH_NGRAM_MAX",
     "ngram_min": "SPECMESH_NGRAM_MIN",
+    "http_port": "SPECMESH_HTTP_PORT",
+    "host": "SPECMESH_HOST",
+    "orchestrator_addr": "SPECMESH_ORCHESTRATOR_ADDR",
+    "max_body_bytes": "SPECMESH_MAX_BODY_BYTES",
+    "served_model_name": "SPECMESH_SERVED_MODEL_NAME",
+    "request_timeout_s": "SPECMESH_REQUEST_TIMEOUT_S",
+    "sse_ping_s": "SPECMESH_SSE_PING_S",
+    "shutdown_grace_s": "SPECMESH_SHUTDOWN_GRACE_S",
+    "access_log": "SPECMESH_ACCESS_LOG",
 }
 
 
 def _convert(value: str, typ) -> object:
     typ = str(typ)
+    if typ == "bool":
+        return value.strip().lower() in ("1", "true", "yes", "on")
     if "tuple" in typ:
         return tuple(a.strip() for a in value.split(",") if a.strip())
     if "int" in typ:
