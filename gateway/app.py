@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 
+from gateway.body_limit import BodyLimit
 from gateway.errors import APIError, from_grpc, validation_param
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
@@ -66,7 +66,7 @@ class Completions:
 
     async def __call__(self, request: Request, chat: bool) -> Response:
         arrived = time.perf_counter()
-        body = await request.body()   # 413 past max_body_bytes (RequestBodyLimitMiddleware)
+        body = await request.body()   # 413 past max_body_bytes (BodyLimit)
         schema = ChatCompletionRequest if chat else CompletionRequest
         try:
             req = schema.model_validate_json(body)
@@ -196,7 +196,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app = FastAPI(title="specmesh gateway", summary="OpenAI-compatible HTTP API in front of the orchestrator",
                   lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
-    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(_RecordStatus, metrics=metrics)
     app.state.metrics = metrics
 
@@ -206,8 +206,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):
-        message = "the request body is larger than this server accepts " \
-                  f"({config.max_body_bytes} bytes)" if error.status_code == 413 else str(error.detail)
+        message = str(error.detail)
         kind = _STATUS_TYPES.get(error.status_code, "invalid_request_error")
         return JSONResponse(APIError(error.status_code, message, kind).body(), status_code=error.status_code,
                             headers=getattr(error, "headers", None))
