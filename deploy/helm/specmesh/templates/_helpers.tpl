@@ -32,6 +32,20 @@ still fits a 63-character DNS label.
 orchestrator draft verifier
 {{- end }}
 
+{{/* Tiers with an HPA and a PDB: the three above, and the HTTP gateway when enabled. */}}
+{{- define "specmesh.scaledTiers" -}}
+{{ include "specmesh.tiers" . }}{{ if .Values.gateway.enabled }} gateway{{ end }}
+{{- end }}
+
+{{/* The gateway dials the orchestrator Service (or gateway.orchestratorAddr). */}}
+{{- define "specmesh.gatewayUpstream" -}}
+{{- if .Values.gateway.orchestratorAddr -}}
+{{- .Values.gateway.orchestratorAddr -}}
+{{- else -}}
+{{- printf "%s:%v" (include "specmesh.tierName" (dict "root" . "tier" "orchestrator")) .Values.orchestrator.service.port -}}
+{{- end -}}
+{{- end }}
+
 {{/* gRPC service name each tier reports through grpc.health.v1. */}}
 {{- define "specmesh.grpcService" -}}
 {{- $m := dict "orchestrator" "specmesh.v1.Orchestrator" "draft" "specmesh.v1.Draft" "verifier" "specmesh.v1.Verifier" -}}
