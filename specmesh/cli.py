@@ -6,6 +6,7 @@
     specmesh serve draft|verifier|orchestrator|gateway    one tier alone
     specmesh generate PROMPT         stream a completion from a running orchestrator
     specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
+    specmesh bench-gateway           the HTTP gateway's cost over the gRPC API, and a fuzz of it
 """
 from __future__ import annotations
 
@@ -123,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     from specmesh import bench
 
     bench.add_arguments(b)
+    from specmesh import bench_gateway
+
+    bench_gateway.add_arguments(sub.add_parser("bench-gateway", help="the HTTP gateway vs the gRPC API, and a fuzz"))
     return parser
 
 
@@ -267,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         from specmesh import bench
 
         return bench.run(args)
+    if args.command == "bench-gateway":
+        from specmesh import bench_gateway
+
+        return bench_gateway.run(args)
     return 2
 
 
