@@ -61,8 +61,9 @@ async def _until_disconnected(request: Request) -> None:
 class Completions:
     """Both completion routes: parse, translate, call, answer (JSON or SSE)."""
 
-    def __init__(self, upstream: Upstream, metrics: GatewayMetrics, sse_ping_s: float):
+    def __init__(self, upstream: Upstream, metrics: GatewayMetrics, sse_ping_s: float, shutdown_grace_s: float):
         self.upstream, self.metrics, self.sse_ping_s = upstream, metrics, sse_ping_s
+        self.shutdown_grace_s = shutdown_grace_s
 
     async def __call__(self, request: Request, chat: bool) -> Response:
         arrived = time.perf_counter()
@@ -93,8 +94,9 @@ class Completions:
         reply.add(first)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            # On SIGTERM a stream gets shutdown_grace_s to finish; then it is cancelled (and so is its session).
             return EventSourceResponse(self._events(call, reply, include_usage, arrived), ping=self.sse_ping_s,
-                                       sep="\n")
+                                       sep="\n", shutdown_grace_period=self.shutdown_grace_s)
         return await self._collect(request, call, reply, prompt_field, max_tokens_field)
 
     async def _collect(self, request: Request, call, reply: Reply, prompt_field: str, max_tokens_field: str
@@ -189,7 +191,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(app: FastAPI):
         # The channel belongs to the server's event loop, so it is made here, not at import.
         app.state.upstream = Upstream(config.orchestrator_addr, config.request_timeout_s, config.served_model_name)
-        app.state.completions = Completions(app.state.upstream, metrics, config.sse_ping_s)
+        app.state.completions = Completions(app.state.upstream, metrics, config.sse_ping_s, config.shutdown_grace_s)
         yield
         await app.state.upstream.close()
         metrics.shutdown()

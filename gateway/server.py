@@ -21,7 +21,9 @@ def uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(config), host=config.host, port=config.http_port, lifespan="on",
         # specmesh.logs formats our records; uvicorn's own dictConfig would replace it.
-        log_config=None, access_log=config.access_log, timeout_graceful_shutdown=config.shutdown_grace_s,
+        log_config=None, access_log=config.access_log,
+        # A little past the streams' own grace (EventSourceResponse), so they end first and cleanly.
+        timeout_graceful_shutdown=config.shutdown_grace_s + 5,
         # The SDKs keep connections open between requests; keep them long enough to be reused.
         timeout_keep_alive=30)
 
