@@ -215,7 +215,7 @@ class Cluster:
     def stop(self) -> dict[str, int | None]:
         """SIGTERM the gateway and the orchestrator first (they drain their streams), then the model tiers."""
         front = ["gateway", "orchestrator"]
-        names = front + sorted(n for n in self.processes if n not in front)
+        names = [n for n in front if n in self.processes] + sorted(n for n in self.processes if n not in front)
         codes = {name: self.stop_tier(name) for name in names}
         if self.redis is not None:
             self.redis.stop()
