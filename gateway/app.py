@@ -26,7 +26,7 @@ from gateway.body_limit import BodyLimit
 from gateway.errors import APIError, from_grpc, validation_param
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.translate import Reply, generate_request
+from gateway.translate import Reply, committed_tokens, generate_request
 from gateway.upstream import Upstream
 from specmesh.config import GatewayConfig
 
@@ -122,7 +122,7 @@ class Completions:
             return Response(status_code=499)   # nobody is listening
         except grpc.aio.AioRpcError as error:
             raise from_grpc(error, prompt_field, max_tokens_field) from None
-        self.metrics.committed.add(reply.stats.generated_tokens if reply.stats else 0, {"tier": "gateway"})
+        self.metrics.committed.add(committed_tokens(reply.stats), {"tier": "gateway"})
         return JSONResponse(reply.response())
 
     async def _events(self, call, reply: Reply, include_usage: bool, arrived: float):
@@ -155,8 +155,7 @@ class Completions:
                 call.cancel()
                 self.metrics.disconnects.add(1, {"tier": "gateway"})
             self.metrics.active.add(-1, {"tier": "gateway"})
-            if reply.stats is not None:
-                self.metrics.committed.add(reply.stats.generated_tokens, {"tier": "gateway"})
+            self.metrics.committed.add(committed_tokens(reply.stats), {"tier": "gateway"})
             self.metrics.duration.record(time.perf_counter() - arrived, {"tier": "gateway", "stream": "true"})
 
 

@@ -141,9 +141,14 @@ def finish_reason(reason: str) -> str | None:
     return _FINISH.get(reason, reason) if reason else None
 
 
+def committed_tokens(stats: orchestrator_pb2.GenerateStats | None) -> int:
+    # The one place that reads the proto's names for committed tokens (being renamed on main, issue 6).
+    return stats.generated_tokens if stats is not None else 0
+
+
 def usage(stats: orchestrator_pb2.GenerateStats) -> dict:
     """OpenAI's token counts plus what speculative decoding did (committed = accepted + one per step)."""
-    committed = stats.generated_tokens
+    committed = committed_tokens(stats)
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": committed,
