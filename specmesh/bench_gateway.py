@@ -72,7 +72,8 @@ def _http_once(http, model: str, prompt: str, args) -> dict:
     started = time.perf_counter()
     ttft, text, tokens = None, "", 0
     with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-        reply.raise_for_status()
+        if reply.status_code != 200:
+            raise RuntimeError(f"gateway answered {reply.status_code}: {reply.read().decode(errors='replace')}")
         for line in reply.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -116,7 +117,15 @@ def measure_ttft(address: str, http_url: str, model: str, pairs: int, args) -> d
             "added_ttft_p50_ms": 1000 * statistics.median(diffs)}
 
 
-def measure_paths(address: str, http_url: str, prompts: list[str], args) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc): what it costs, whatever the machine's load."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_paths(address: str, http_url: str, prompts: list[str], args, pids: dict[str, int] | None = None) -> dict:
     import httpx
 
     from specmesh.client import Client
@@ -127,6 +136,7 @@ def measure_paths(address: str, http_url: str, prompts: list[str], args) -> dict
         _grpc_once(client, "Hello", args)          # warm both paths: lazy initialisation is not billed
         _http_once(http, model, "Hello", args)
         jobs = [(i, p) for i, p in enumerate(prompts) for _ in range(args.repeats)]
+        cpu_before = {name: cpu_seconds(pid) for name, pid in (pids or {}).items()}
         for n, (i, prompt) in enumerate(jobs):
             order = ("grpc", "http") if n % 2 == 0 else ("http", "grpc")
             pair = {}
@@ -139,6 +149,7 @@ def measure_paths(address: str, http_url: str, prompts: list[str], args) -> dict
                   f"ttft {1000 * (g['ttft_s'] or 0):6.1f} ms | HTTP {h['tokens']} tok "
                   f"{h['tokens'] / h['elapsed_s']:6.1f} tok/s ttft {1000 * (h['ttft_s'] or 0):6.1f} ms"
                   f"{'' if rows[-1]['same_text'] else '  TEXT DIFFERS'}", file=sys.stderr, flush=True)
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in (pids or {}).items()}
     grpc_tps = sum(r["grpc_tokens"] for r in rows) / sum(r["grpc_elapsed_s"] for r in rows)
     http_tps = sum(r["http_tokens"] for r in rows) / sum(r["http_elapsed_s"] for r in rows)
     paired = [r for r in rows if r["grpc_ttft_s"] is not None and r["http_ttft_s"] is not None]
@@ -149,6 +160,10 @@ def measure_paths(address: str, http_url: str, prompts: list[str], args) -> dict
         "http_ttft_p50_ms": 1000 * statistics.median(r["http_ttft_s"] for r in paired),
         "long_added_ttft_p50_ms": 1000 * statistics.median(r["http_ttft_s"] - r["grpc_ttft_s"] for r in paired),
         "text_mismatches": sum(1 for r in rows if not r["same_text"]),
+        # CPU per committed token: the gateway's counts only HTTP-path tokens, the orchestrator's both paths'.
+        "cpu_ms_per_token": {name: 1000 * seconds / max(1, sum(r["http_tokens"] for r in rows) if name == "gateway"
+                                                         else sum(r["http_tokens"] + r["grpc_tokens"] for r in rows))
+                             for name, seconds in cpu.items()},
         "rows": rows,
     }
 
@@ -221,7 +236,8 @@ def run(args) -> int:
         cluster.start()
         address, http_url = cluster.address, cluster.http_url
     try:
-        result = measure_paths(address, http_url, prompts, args)
+        pids = {name: cluster.processes[name].pid for name in ("gateway", "orchestrator")} if cluster else None
+        result = measure_paths(address, http_url, prompts, args, pids)
         if args.ttft_pairs:
             result.update(measure_ttft(address, http_url, result["model"], args.ttft_pairs, args))
         if args.fuzz:
@@ -247,6 +263,8 @@ def report(r: dict) -> str:
         f">= {GOALS['throughput_ratio']}x)",
         f"  TTFT p50, those requests   gRPC {r['grpc_ttft_p50_ms']:.1f} ms   HTTP {r['http_ttft_p50_ms']:.1f} ms   "
         f"paired difference p50 {r['long_added_ttft_p50_ms']:.2f} ms",
+        *([f"  CPU per committed token: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in r["cpu_ms_per_token"].items())
+           + " (gateway: HTTP-path tokens; orchestrator: both paths)"] if r.get("cpu_ms_per_token") else []),
         f"  greedy text identical on both paths: {r['requests_per_path'] - r['text_mismatches']}"
         f"/{r['requests_per_path']}",
     ]
