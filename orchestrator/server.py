@@ -17,7 +17,7 @@ from specmesh import telemetry
 from specmesh.config import OrchestratorConfig
 from specmesh.models import ModelInfo, VocabularyMismatch, check_same_vocab, load_tokenizer
 from specmesh.server import ServiceRuntime
-from specmesh.v1 import cache_pb2, draft_pb2_grpc, orchestrator_pb2_grpc, verifier_pb2_grpc
+from specmesh.v1 import cache_pb2, draft_pb2_grpc, orchestrator_pb2, orchestrator_pb2_grpc, verifier_pb2_grpc
 
 log = logging.getLogger("specmesh.orchestrator")
 
@@ -86,6 +86,11 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
         drafter_context={d.name: min(x.max_context for i in draft_infos for x in i.drafters if x.name == d.name)
                          for d in draft_infos[0].drafters if d.max_context},
     )
+    servicer.models = orchestrator_pb2.ListModelsResponse(
+        target_model=verifier_infos[0].model, max_context=servicer.limits.max_context,
+        drafters=[orchestrator_pb2.DrafterModel(name=d.name, model=d.model)
+                  for d in draft_infos[0].drafters if d.name in drafters],
+        default_drafter=default_drafter, default_k=config.default_k, max_k=servicer.limits.max_k)
     eos = set(info.eos_token_ids) | {t for v in verifier_infos for t in v.eos_token_ids}
     servicer.decoder = Decoder(sessions, drafts, verifiers, tokenizer, eos, config.draft_top_n, config.rpc_timeout_s)
     await sessions.client.ping()

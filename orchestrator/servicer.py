@@ -19,6 +19,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.max_active_sessions = max_active_sessions
         self.decoder: Decoder | None = None   # set once the replicas have answered
         self.limits: Limits | None = None
+        self.models: orchestrator_pb2.ListModelsResponse | None = None   # set with the decoder
         self.active = 0
 
     async def Generate(self, request, context):
@@ -60,6 +61,11 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         if not await self.sessions.cancel(request.session_id):
             raise NotFound(f"no session {request.session_id!r} (finished, expired or never started)")
         return orchestrator_pb2.CancelResponse()
+
+    async def ListModels(self, request, context):
+        if self.models is None:
+            raise Unavailable("the orchestrator is still connecting to its draft and verifier replicas")
+        return self.models
 
 
 def _chunk_to_pb(chunk: Chunk) -> orchestrator_pb2.GenerateChunk:

@@ -86,4 +86,28 @@ class OrchestratorConfig:
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 
-SERVICE_CONFIGS = {"draft": DraftConfig, "verifier": VerifierConfig, "orchestrator": OrchestratorConfig}
+@dataclass(frozen=True)
+class GatewayConfig:
+    http_port: int = setting(
+        8000, "HTTP port of the OpenAI-compatible API: where vLLM, llama.cpp's and TGI's servers listen, so "
+              "clients' defaults work")
+    host: str = setting("0.0.0.0", "interface the HTTP server binds")
+    orchestrator_addr: str = setting("localhost:50051", "the orchestrator's public gRPC API (in the chart: "
+                                                        "the orchestrator Service)")
+    max_body_bytes: int = setting(
+        4 * 1024 * 1024, "bodies past this get 413 before any parsing; 4 MiB holds a prompt filling a "
+                         "128k-token context several times over, and bounds what one request can make this "
+                         "process hold")
+    served_model_name: str = setting("", "the model id clients send and /v1/models lists; empty: the target "
+                                         "model's name as the verifier reports it")
+    request_timeout_s: float = setting(600.0, "deadline of one completion on the orchestrator (its longest "
+                                              "generation, not a step)")
+    sse_ping_s: float = setting(15.0, "SSE comment lines on an idle stream keep proxies from closing it during "
+                                      "a long prefill")
+    shutdown_grace_s: float = setting(30.0, "on SIGTERM, open streams get this long to finish")
+    access_log: bool = setting(False, "one log line per HTTP request; off by default (the metrics count "
+                                      "requests)")
+
+
+SERVICE_CONFIGS = {"draft": DraftConfig, "verifier": VerifierConfig, "orchestrator": OrchestratorConfig,
+                   "gateway": GatewayConfig}

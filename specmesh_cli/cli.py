@@ -1,11 +1,12 @@
 """The `specmesh` command.
 
-    specmesh up                      all three services + Redis on this machine, one
+    specmesh up                      all services + Redis + the HTTP gateway on this machine, one
                                      answer streamed as a check, then serve until Ctrl-C
     specmesh demo                    the same, but exit after the answer
-    specmesh serve draft|verifier|orchestrator    one tier alone
+    specmesh serve draft|verifier|orchestrator|gateway    one tier alone
     specmesh generate PROMPT         stream a completion from a running orchestrator
     specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
+    specmesh bench-gateway           the HTTP gateway's cost over the gRPC API, and a fuzz of it
 """
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ class UpConfig:
     prompt: str = setting(DEMO_PROMPT, "the first request, streamed once everything serves")
     max_new_tokens: int = setting(96, "for the first request")
     demo: bool = setting(True, "stream the first request (--no-demo skips it)")
+    http_port: int = setting(8000, "the OpenAI-compatible HTTP gateway's port; 0: no gateway")
+
+
+TIER_HELP = {"draft": "the draft service [port 50061]", "verifier": "the verifier service [port 50062]",
+             "orchestrator": "the public gRPC API [port 50051]",
+             "gateway": "the OpenAI-compatible HTTP API [port 8000]"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,14 +62,14 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for name, what in (("up", "run Redis, draft, verifier and orchestrator as separate processes"),
+    for name, what in (("up", "run Redis, draft, verifier, orchestrator and gateway as separate processes"),
                        ("demo", "like up, but exit after the first answer")):
         settings.add_flags(sub.add_parser(name, help=what), UpConfig, env_prefix=None)
 
     serve = sub.add_parser("serve", help="run one tier")
     tiers = serve.add_subparsers(dest="tier", required=True)
     for tier, cls in SERVICE_CONFIGS.items():
-        settings.add_flags(tiers.add_parser(tier, help=f"the {tier} service [port {cls.port}]"), cls)
+        settings.add_flags(tiers.add_parser(tier, help=TIER_HELP[tier]), cls)
 
     g = sub.add_parser("generate", help="stream a completion from a running orchestrator")
     g.add_argument("prompt")
@@ -82,16 +89,27 @@ def _parser() -> argparse.ArgumentParser:
     from specmesh_cli import bench
 
     bench.add_arguments(b)
+    from specmesh_cli import bench_gateway
+
+    bench_gateway.add_arguments(sub.add_parser("bench-gateway", help="the HTTP gateway vs the gRPC API, and a fuzz"))
     return parser
 
 
 def _serve(args) -> None:
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "tier")}
+    if args.tier == "gateway":   # no torch in this process
+        from gateway.server import serve as serve_gateway
+        from specmesh import telemetry
+        from specmesh.config import GatewayConfig
+
+        telemetry.setup("gateway")   # tracing when OTEL_* asks for it; metrics are on the HTTP port
+        serve_gateway(settings.build(GatewayConfig, flags))
+        return
     import torch
 
     from specmesh import telemetry
     from specmesh.config import SERVICE_CONFIGS
 
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "tier")}
     config = settings.build(SERVICE_CONFIGS[args.tier], flags)
     if args.tier == "draft":
         from draft_service.server import serve
@@ -145,7 +163,7 @@ def _up(args, exit_after_demo: bool = False) -> int:
     up = settings.build(UpConfig, {k: v for k, v in vars(args).items() if k != "command"}, env_prefix=None)
     cluster = Cluster(model=up.model, draft_model=up.draft_model, port=up.port, redis_url=up.redis_url,
                       draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
-                      metrics=up.metrics)
+                      metrics=up.metrics, http_port=up.http_port or None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -158,14 +176,21 @@ def _up(args, exit_after_demo: bool = False) -> int:
         return 1
     try:
         print(f"specmesh orchestrator SERVING at {cluster.address}", flush=True)
+        if cluster.http_port:
+            print(f"OpenAI-compatible API at {cluster.http_url}/v1 (model: {cluster.served_model()})", flush=True)
         for name in sorted(cluster.metrics_ports):
             print(f"  {name} metrics: {cluster.metrics_url(name)}", flush=True)
         if up.demo or exit_after_demo:
             _demo(cluster.address, up.prompt, up.max_new_tokens)
         if exit_after_demo:
             return 0
-        print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"\n"
-              "Ctrl-C (or SIGTERM) stops every service.", flush=True)
+        print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"", flush=True)
+        if cluster.http_port:
+            print(f"  or: curl -N {cluster.http_url}/v1/chat/completions -H 'Content-Type: application/json' "
+                  f"-d '{{\"model\": \"{cluster.served_model()}\", \"stream\": true, "
+                  f"\"messages\": [{{\"role\": \"user\", \"content\": \"Write a haiku about caches\"}}]}}'",
+                  flush=True)
+        print("Ctrl-C (or SIGTERM) stops every service.", flush=True)
         while not stop.wait(1.0):
             dead = [t for t, p in cluster.processes.items() if p.poll() is not None]
             if dead:
@@ -210,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         from specmesh_cli import bench
 
         return bench.run(args)
+    if args.command == "bench-gateway":
+        from specmesh_cli import bench_gateway
+
+        return bench_gateway.run(args)
     return 2
 
 

@@ -1,9 +1,10 @@
-"""Bring up the three tiers as separate processes on this machine (`specmesh up`).
+"""Bring up the three tiers (and the HTTP gateway) as separate processes on this machine (`specmesh up`).
 
 Each tier is `specmesh serve <tier>` in its own process, talking gRPC over
 loopback sockets exactly as it would across machines. Draft and verifier start
 first and load their models in parallel; the orchestrator starts once both
-report SERVING. Tests use the same class.
+report SERVING, then the gateway (with `http_port`) once /health says 200.
+Tests use the same class.
 """
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+import json
+import urllib.error
+import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -50,6 +55,23 @@ def wait_serving(address: str, service: str, process: subprocess.Popen | None, t
     raise TimeoutError(f"{describe or service} at {address} not SERVING after {timeout_s:.0f} s")
 
 
+def wait_http_ok(url: str, process: subprocess.Popen | None, timeout_s: float, describe: str) -> None:
+    """Poll an HTTP health URL until it answers 200; fail fast if the process dies."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{describe} exited with code {process.returncode} before serving"
+                               + (f"; see {process.log_path}" if getattr(process, "log_path", None) else ""))
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{describe} at {url} not healthy after {timeout_s:.0f} s")
+
+
 @dataclass
 class Cluster:
     model: str | None = None
@@ -73,6 +95,9 @@ class Cluster:
     # metrics=True gives every process a free Prometheus port: metrics_ports["orchestrator" | "draft-0" | ...].
     metrics: bool = False
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    # The OpenAI-compatible HTTP gateway's port; None: no gateway.
+    http_port: int | None = None
+    gateway_args: list[str] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -86,6 +111,15 @@ class Cluster:
     def target(self) -> str:
         """A gRPC target naming every orchestrator: a channel fails over from one to the next."""
         return "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in self.orchestrator_ports)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://localhost:{self.http_port}"
+
+    def served_model(self) -> str:
+        """The model id the gateway serves (what OpenAI clients put in `model`)."""
+        with urllib.request.urlopen(f"{self.http_url}/v1/models", timeout=10) as reply:
+            return json.load(reply)["data"][0]["id"]
 
     @property
     def draft_port(self) -> int:
@@ -115,8 +149,13 @@ class Cluster:
         return process
 
     def start_tier(self, name: str) -> None:
-        """(Re)start one process: "orchestrator", "draft-<i>" or "verifier-<i>"."""
+        """(Re)start one process: "orchestrator", "gateway", "draft-<i>" or "verifier-<i>"."""
         tier, _, index = name.partition("-")
+        if tier == "gateway":   # metrics are on its HTTP port (/metrics)
+            args = ["--http-port", str(self.http_port),
+                    "--orchestrator-addr", self.address, *self.gateway_args]
+            self._pending.append((f"{self.http_url}/health", "http", self._spawn(name, tier, args), name))
+            return
         if tier == "draft":
             port = self.draft_ports[int(index)]
             args = ["--port", str(port)] + (["--draft-model", self.draft_model] if self.draft_model else [])
@@ -144,7 +183,10 @@ class Cluster:
 
     def wait(self) -> None:
         for address, service, process, name in self._pending:
-            wait_serving(address, service, process, self.startup_timeout_s, f"{name} service")
+            if service == "http":
+                wait_http_ok(address, process, self.startup_timeout_s, f"{name} service")
+            else:
+                wait_serving(address, service, process, self.startup_timeout_s, f"{name} service")
             log.info("%s SERVING at %s (pid %d)", name, address, process.pid)
         self._pending = []
 
@@ -166,6 +208,9 @@ class Cluster:
             for i in range(1, self.orchestrator_replicas):
                 self.start_tier(f"orchestrator-{i}")
             self.wait()
+            if self.http_port:
+                self.start_tier("gateway")
+                self.wait()
         except BaseException:
             self.stop()
             raise
@@ -183,8 +228,8 @@ class Cluster:
             return process.wait()
 
     def stop(self) -> dict[str, int | None]:
-        """SIGTERM the orchestrators first (they drain their streams), then the model tiers."""
-        names = sorted(self.processes, key=lambda n: (not n.startswith("orchestrator"), n))
+        """SIGTERM the gateway and the orchestrators first (they drain their streams), then the model tiers."""
+        names = sorted(self.processes, key=lambda n: (n != "gateway", not n.startswith("orchestrator"), n))
         codes = {name: self.stop_tier(name) for name in names}
         if self.redis is not None:
             self.redis.stop()

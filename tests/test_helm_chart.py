@@ -30,6 +30,8 @@ TIERS = {
     "verifier": ("specmesh.v1.Verifier", 50062),
 }
 GPU = "nvidia.com/gpu"
+# The gRPC tiers above plus the OpenAI-compatible HTTP gateway (on by default).
+SCALED = {*TIERS, "gateway"}
 
 
 def production_values() -> dict:
@@ -336,7 +338,7 @@ def test_no_hpa_pdb_or_servicemonitor_by_default(dev):
 def test_production_hpas_target_the_right_deployments(prod):
     deployments = of_kind(prod, "Deployment")
     hpas = of_kind(prod, "HorizontalPodAutoscaler")
-    assert {tier_of(h) for h in hpas.values()} == set(TIERS)
+    assert {tier_of(h) for h in hpas.values()} == SCALED
     for hpa in hpas.values():
         assert hpa["apiVersion"] == "autoscaling/v2"
         ref = hpa["spec"]["scaleTargetRef"]
@@ -375,7 +377,7 @@ def test_an_hpa_without_any_metric_is_refused():
 def test_production_pdbs_select_their_tier(prod):
     deployments = {tier_of(d): d for d in of_kind(prod, "Deployment").values()}
     pdbs = of_kind(prod, "PodDisruptionBudget")
-    assert {tier_of(p) for p in pdbs.values()} == set(TIERS)
+    assert {tier_of(p) for p in pdbs.values()} == SCALED
     for pdb in pdbs.values():
         selector = pdb["spec"]["selector"]["matchLabels"]
         assert selector == deployments[tier_of(pdb)]["spec"]["selector"]["matchLabels"]
@@ -391,11 +393,11 @@ def test_servicemonitor_only_when_enabled(dev, prod):
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["metrics"]
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
-    # It selects exactly the three tier Services, each of which has a metrics port.
+    # It selects exactly the tier Services (and the gateway's), each of which has a metrics port.
     selected = [s for s in of_kind(prod, "Service").values()
                 if all(s["metadata"]["labels"].get(k) == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
                 and tier_of(s) in sm["spec"]["selector"]["matchExpressions"][0]["values"]]
-    assert {tier_of(s) for s in selected} == set(TIERS)
+    assert {tier_of(s) for s in selected} == SCALED
     assert all(any(p["name"] == "metrics" for p in s["spec"]["ports"]) for s in selected)
 
 
@@ -446,6 +448,8 @@ def test_serviceaccount_is_shared_and_mounts_no_token(docs):
 def test_production_mounts_the_model_claim_read_only_in_every_tier(prod):
     values = production_values()
     for d in of_kind(prod, "Deployment").values():
+        if tier_of(d) not in TIERS:   # the gateway holds no model
+            continue
         spec = d["spec"]["template"]["spec"]
         claim = next(v for v in spec["volumes"] if v["name"] == "models")
         assert claim["persistentVolumeClaim"] == {"claimName": values["models"]["existingClaim"], "readOnly": True}
@@ -507,3 +511,65 @@ def test_a_setting_the_tier_does_not_have_is_refused():
         render({"draft": {"settings": {"max_batch": 4}}})   # a verifier setting
     with pytest.raises(helm.HelmError, match="settings"):
         render({"orchestrator": {"settings": {"redis_url": "redis://elsewhere"}}})   # wired by the chart
+
+
+# ------------------------------------------------------------------ gateway
+
+
+def test_gateway_deployment_service_and_probes(dev):
+    deployments, services = of_kind(dev, "Deployment"), of_kind(dev, "Service")
+    d = deployments[f"{FULLNAME}-gateway"]
+    c = container(d)
+    assert c["command"] == ["specmesh", "serve", "gateway"]
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [("http", 8000)]
+    env = env_of(c)
+    # It dials the orchestrator Service on its gRPC port.
+    host, port = env["SPECMESH_ORCHESTRATOR_ADDR"]["value"].split(":")
+    assert host == f"{FULLNAME}-orchestrator" and int(port) == service_port(dev, host) == TIERS["orchestrator"][1]
+    assert env["SPECMESH_HTTP_PORT"]["value"] == "8000"
+    # Readiness follows the orchestrator (/health); liveness and startup only this process (/ping).
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/ping", "port": "http"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/ping", "port": "http"}
+    # No model, no GPU, no cache volume.
+    assert all(v["name"] != "models" and v["name"] != "cache" for v in d["spec"]["template"]["spec"]["volumes"])
+    assert GPU not in str(c.get("resources", {}))
+    svc = services[f"{FULLNAME}-gateway"]
+    assert svc["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["http"]["port"] == 8000 and ports["http"]["targetPort"] == "http"
+    assert ports["metrics"]["targetPort"] == "http"   # /metrics shares the HTTP port
+    assert d["spec"]["replicas"] == 1
+    assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 30 + 5
+
+
+def test_gateway_hpa_and_pdb_in_production(prod):
+    hpa = of_kind(prod, "HorizontalPodAutoscaler")[f"{FULLNAME}-gateway"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-gateway"
+    assert "replicas" not in of_kind(prod, "Deployment")[f"{FULLNAME}-gateway"]["spec"]
+    assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"] == [
+        "specmesh_gateway_active_streams"]
+    assert f"{FULLNAME}-gateway" in of_kind(prod, "PodDisruptionBudget")
+    # With ingressFrom restricting the orchestrator, the gateway pods are still let in.
+    values = production_values()
+    values["networkPolicy"]["ingressFrom"] = [{"namespaceSelector": {"matchLabels": {"team": "api"}}}]
+    policies = of_kind(render(values), "NetworkPolicy")
+    peers = policies[f"{FULLNAME}-orchestrator"]["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "specmesh", "app.kubernetes.io/instance": RELEASE,
+                                            "app.kubernetes.io/component": "gateway"}}} in peers
+    assert f"{FULLNAME}-gateway" in policies
+
+
+def test_gateway_can_be_disabled_and_is_validated():
+    docs = render({"gateway": {"enabled": False}})
+    assert all(tier_of(d) != "gateway" for d in docs if d["kind"] in ("Deployment", "Service"))
+    docs = render({"gateway": {"orchestratorAddr": "orch.example:50051",
+                               "settings": {"served_model_name": "smol", "max_body_bytes": 8388608}}})
+    env = env_of(container(of_kind(docs, "Deployment")[f"{FULLNAME}-gateway"]))
+    assert env["SPECMESH_ORCHESTRATOR_ADDR"]["value"] == "orch.example:50051"
+    assert env["SPECMESH_SERVED_MODEL_NAME"]["value"] == "smol"
+    assert env["SPECMESH_MAX_BODY_BYTES"]["value"] == "8388608"   # an integer, not 8.388608e+06
+    with pytest.raises(helm.HelmError):
+        render({"gateway": {"port": "eighty"}})
+    with pytest.raises(helm.HelmError):
+        render({"gateway": {"settings": {"max_body_bytes": "ten"}}})

@@ -27,7 +27,8 @@ def test_every_field_has_a_flag_an_env_name_and_help(tier):
     cls = SERVICE_CONFIGS[tier]
     flags = {opt for a in _tier_parser(tier)._actions for opt in a.option_strings} - {"-h", "--help"}
     fields = settings.settings_of(cls)
-    assert flags == {s.flag for s in fields}
+    negations = {"--no-" + s.flag[2:] for s in fields if s.type is bool}   # --access-log / --no-access-log
+    assert flags - negations == {s.flag for s in fields}
     for s in fields:
         assert s.help, f"{tier}.{s.name} has no help text"
         assert s.env == ("REDIS_URL" if s.name == "redis_url" else f"SPECMESH_{s.name.upper()}")

@@ -24,7 +24,7 @@ BEGIN, END = "<!-- settings:begin (python -m tools.settings_doc) -->", "<!-- set
 # Settings the chart wires from its own values (ports, model names, Service
 # addresses, the Redis URL and password): not settable through <tier>.settings.
 CHART_OWNED = {"port", "metrics_port", "model", "draft_model", "device", "draft_addrs", "verifier_addrs",
-               "redis_url"}
+               "redis_url", "http_port", "orchestrator_addr", "shutdown_grace_s"}
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", tuple: "string"}
 

@@ -142,3 +142,31 @@ class CancelRequest(_message.Message):
 class CancelResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrafterModel(_message.Message):
+    __slots__ = ("name", "model")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("target_model", "max_context", "drafters", "default_drafter", "default_k", "max_k")
+    TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DRAFTERS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_K_FIELD_NUMBER: _ClassVar[int]
+    target_model: str
+    max_context: int
+    drafters: _containers.RepeatedCompositeFieldContainer[DrafterModel]
+    default_drafter: str
+    default_k: int
+    max_k: int
+    def __init__(self, target_model: _Optional[str] = ..., max_context: _Optional[int] = ..., drafters: _Optional[_Iterable[_Union[DrafterModel, _Mapping]]] = ..., default_drafter: _Optional[str] = ..., default_k: _Optional[int] = ..., max_k: _Optional[int] = ...) -> None: ...

@@ -52,6 +52,11 @@ class OrchestratorStub:
                 request_serializer=specmesh_dot_v1_dot_orchestrator__pb2.CancelRequest.SerializeToString,
                 response_deserializer=specmesh_dot_v1_dot_orchestrator__pb2.CancelResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/specmesh.v1.Orchestrator/ListModels',
+                request_serializer=specmesh_dot_v1_dot_orchestrator__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=specmesh_dot_v1_dot_orchestrator__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServicer:
@@ -88,6 +93,16 @@ class OrchestratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """ListModels says what this deployment serves: the target model and the
+        drafters every draft replica offers, with the limits a request must fit
+        (what an HTTP gateway lists under /v1/models). UNAVAILABLE while the
+        orchestrator is still connecting to its replicas.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +120,11 @@ def add_OrchestratorServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=specmesh_dot_v1_dot_orchestrator__pb2.CancelRequest.FromString,
                     response_serializer=specmesh_dot_v1_dot_orchestrator__pb2.CancelResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=specmesh_dot_v1_dot_orchestrator__pb2.ListModelsRequest.FromString,
+                    response_serializer=specmesh_dot_v1_dot_orchestrator__pb2.ListModelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -191,6 +211,33 @@ class Orchestrator:
             '/specmesh.v1.Orchestrator/Cancel',
             specmesh_dot_v1_dot_orchestrator__pb2.CancelRequest.SerializeToString,
             specmesh_dot_v1_dot_orchestrator__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specmesh.v1.Orchestrator/ListModels',
+            specmesh_dot_v1_dot_orchestrator__pb2.ListModelsRequest.SerializeToString,
+            specmesh_dot_v1_dot_orchestrator__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

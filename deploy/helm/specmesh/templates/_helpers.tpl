@@ -32,6 +32,20 @@ still fits a 63-character DNS label.
 orchestrator draft verifier
 {{- end }}
 
+{{/* Tiers with an HPA and a PDB: the three above, and the HTTP gateway when enabled. */}}
+{{- define "specmesh.scaledTiers" -}}
+{{ include "specmesh.tiers" . }}{{ if .Values.gateway.enabled }} gateway{{ end }}
+{{- end }}
+
+{{/* The gateway dials the orchestrator Service (or gateway.orchestratorAddr). */}}
+{{- define "specmesh.gatewayUpstream" -}}
+{{- if .Values.gateway.orchestratorAddr -}}
+{{- .Values.gateway.orchestratorAddr -}}
+{{- else -}}
+{{- printf "%s:%v" (include "specmesh.tierName" (dict "root" . "tier" "orchestrator")) .Values.orchestrator.service.port -}}
+{{- end -}}
+{{- end }}
+
 {{/* gRPC service name each tier reports through grpc.health.v1. */}}
 {{- define "specmesh.grpcService" -}}
 {{- $m := dict "orchestrator" "specmesh.v1.Orchestrator" "draft" "specmesh.v1.Draft" "verifier" "specmesh.v1.Verifier" -}}
@@ -332,11 +346,7 @@ spec:
             {{- with .env }}
             {{- . | nindent 12 }}
             {{- end }}
-            {{- /* <tier>.settings: any setting of specmesh/config.py by its field name (the schema lists them) */}}
-            {{- range $name, $value := $tv.settings }}
-            - name: {{ printf "SPECMESH_%s" (upper $name) }}
-              value: {{ $value | toString | quote }}
-            {{- end }}
+            {{- include "specmesh.settingsEnv" $tv | nindent 12 }}
             {{- with $tv.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -499,4 +509,16 @@ spec:
       targetPort: metrics
       protocol: TCP
       appProtocol: http
+{{- end }}
+
+{{/*
+<tier>.settings: any setting of specmesh/config.py by its field name (the values
+schema lists them), as its environment variable. Whole numbers arrive from YAML
+as floats: print them as integers, never as 4.194304e+06.
+*/}}
+{{- define "specmesh.settingsEnv" -}}
+{{- range $name, $value := .settings }}
+- name: {{ printf "SPECMESH_%s" (upper $name) }}
+  value: {{ if and (kindIs "float64" $value) (eq $value (float64 (int64 $value))) }}{{ int64 $value | toString | quote }}{{ else }}{{ $value | toString | quote }}{{ end }}
+{{- end }}
 {{- end }}
