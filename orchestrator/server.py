@@ -100,7 +100,7 @@ async def serve(config: OrchestratorConfig) -> None:
     sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s, os.environ.get("REDIS_PASSWORD"),
                                      config.redis_retry_s)
     servicer = OrchestratorServicer(sessions, config.max_active_sessions)
-    runtime = ServiceRuntime([SERVICE_NAME], config.port)
+    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host)
     await runtime.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
     await connect(config, servicer, sessions)
     await runtime.set_serving(True)

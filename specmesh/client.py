@@ -79,27 +79,9 @@ class Client:
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
         self.resume_attempts = resume_attempts
 
-    def stream(self, request: orchestrator_pb2.GenerateRequest, timeout: float | None = None
-               ) -> Iterator[orchestrator_pb2.GenerateChunk]:
-        """The chunks of one completion. A stream that breaks (UNAVAILABLE: its orchestrator died, the
-        connection dropped) is resumed from the tokens received so far (`resume_offset`): the caller
-        sees one stream, token for token what an uninterrupted one gives."""
-        if not request.session_id and not request.HasField("resume_offset"):
-            request = orchestrator_pb2.GenerateRequest.FromString(request.SerializeToString())
-            request.session_id = uuid.uuid4().hex   # known before the first chunk, so even that can be resumed
-        received, attempt = None, 0
-        while True:
-            try:
-                for chunk in self.stub.Generate(request, timeout=timeout, wait_for_ready=attempt > 0):
-                    received = chunk.offset + len(chunk.token_ids)
-                    yield chunk
-                return
-            except grpc.RpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or received is None or attempt >= self.resume_attempts:
-                    raise
-                attempt += 1
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))   # the channel reconnects meanwhile (to another replica)
-                request = orchestrator_pb2.GenerateRequest(session_id=request.session_id, resume_offset=received)
+    def stream(self, request: orchestrator_pb2.GenerateRequest, timeout: float | None = None) -> "Stream":
+        """The chunks of one completion, resumed if the stream breaks (see Stream)."""
+        return Stream(self, request, timeout)
 
     def generate(self, prompt, timeout: float | None = None, **kwargs) -> Completion:
         completion = Completion()
@@ -118,3 +100,50 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Stream:
+    """An iterator over a completion's chunks that survives its orchestrator.
+
+    A stream that breaks (UNAVAILABLE: its orchestrator died, the connection dropped)
+    is resumed from the tokens received so far (`resume_offset`), on whichever
+    orchestrator the channel reaches: the caller sees one stream, token for token
+    what an uninterrupted one gives. `cancel()` ends it (the server releases the
+    session), as on a plain gRPC call.
+    """
+
+    def __init__(self, client: Client, request: orchestrator_pb2.GenerateRequest, timeout: float | None):
+        if not request.session_id and not request.HasField("resume_offset"):
+            request = orchestrator_pb2.GenerateRequest.FromString(request.SerializeToString())
+            request.session_id = uuid.uuid4().hex   # known before the first chunk, so even that can be resumed
+        self._client, self._request, self._timeout = client, request, timeout
+        self._call = None
+        self._chunks = self._run()
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> orchestrator_pb2.GenerateChunk:
+        return next(self._chunks)
+
+    def cancel(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+
+    def _run(self) -> Iterator[orchestrator_pb2.GenerateChunk]:
+        request, received, attempt = self._request, None, 0
+        while True:
+            try:
+                self._call = self._client.stub.Generate(request, timeout=self._timeout, wait_for_ready=attempt > 0)
+                for chunk in self._call:
+                    received = chunk.offset + len(chunk.token_ids)
+                    yield chunk
+                return
+            except grpc.RpcError as error:
+                if (error.code() != grpc.StatusCode.UNAVAILABLE or received is None
+                        or attempt >= self._client.resume_attempts):
+                    raise
+                attempt += 1
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))   # the channel reconnects meanwhile (to another replica)
+                request = orchestrator_pb2.GenerateRequest(session_id=request.session_id, resume_offset=received)
+

@@ -17,6 +17,8 @@ from specmesh.settings import setting
 @dataclass(frozen=True)
 class DraftConfig:
     port: int = setting(50061, "gRPC port of the Draft service")
+    host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
+                               "`specmesh up` uses 127.0.0.1")
     draft_model: str | None = setting(
         None, "a small causal LM sharing the target's vocabulary (HF folder, hub id or .gguf); "
               "without one only model-free drafters (n-gram prompt lookup) are served")
@@ -45,6 +47,8 @@ class DraftConfig:
 @dataclass(frozen=True)
 class VerifierConfig:
     port: int = setting(50062, "gRPC port of the Verifier service")
+    host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
+                               "`specmesh up` uses 127.0.0.1")
     model: str = setting(DEFAULT_MODEL, "the target: 'smollm2' (embedded), an HF folder or hub id, or a .gguf file")
     device: str = setting("cpu", "cpu or cuda")
     dtype: str | None = setting(None, "float32, bfloat16 or float16; unset: float32 (bf16 is slower on AVX2 CPUs)")
@@ -61,6 +65,8 @@ class VerifierConfig:
 @dataclass(frozen=True)
 class OrchestratorConfig:
     port: int = setting(50051, "gRPC port of the public Orchestrator API")
+    host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
+                               "`specmesh up` uses 127.0.0.1")
     model: str = setting(DEFAULT_MODEL, "the target, for its tokenizer and chat template")
     draft_addrs: tuple[str, ...] = setting(("localhost:50061",), "draft replicas, comma-separated host:port")
     verifier_addrs: tuple[str, ...] = setting(("localhost:50062",), "verifier replicas, comma-separated host:port")

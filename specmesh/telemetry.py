@@ -39,7 +39,6 @@ _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
             20.0, 40.0, 80.0)
 _E2E = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
         480.0, 960.0)
-
 # key: (kind, Prometheus name, unit, description, histogram buckets). Names follow vLLM's where one exists.
 METRICS = {
     "num_drafts": ("counter", "specmesh_spec_decode_num_drafts", "", "Steps that proposed at least one draft token.", None),
@@ -92,14 +91,15 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer("specmesh")   # the API's no-op tracer unless tracing is set up
 
 
-def setup(tier: str, metrics_port: int | None = None, environ: Mapping[str, str] = os.environ) -> None:
+def setup(tier: str, metrics_port: int | None = None, environ: Mapping[str, str] = os.environ,
+          metrics_addr: str = "0.0.0.0") -> None:
     """Install what the environment and settings ask for, once per process (`specmesh serve <tier>`)."""
     global _tier
     _tier = tier
     if trace_exporters(environ):
         setup_tracing(tier, environ)
     if metrics_port:
-        setup_metrics(tier, metrics_port)
+        setup_metrics(tier, metrics_port, metrics_addr)
 
 
 def _resource(tier: str, environ: Mapping[str, str]):

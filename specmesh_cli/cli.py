@@ -48,6 +48,9 @@ class UpConfig:
     max_new_tokens: int = setting(96, "for the first request")
     demo: bool = setting(True, "stream the first request (--no-demo skips it)")
     http_port: int = setting(8000, "the OpenAI-compatible HTTP gateway's port; 0: no gateway")
+    orchestrator_replicas: int = setting(1, "orchestrator processes sharing Redis (any can resume another's "
+                                            "sessions); each gets its own port, all printed")
+    host: str = setting("127.0.0.1", "interface every service listens on; 0.0.0.0 to serve other machines")
 
 
 TIER_HELP = {"draft": "the draft service [port 50061]", "verifier": "the verifier service [port 50062]",
@@ -120,7 +123,7 @@ def _serve(args) -> None:
     if getattr(config, "torch_threads", 0):
         torch.set_num_threads(config.torch_threads)
     # Tracing only when OTEL_* ask for it; metrics only with a port.
-    telemetry.setup(args.tier, config.metrics_port)
+    telemetry.setup(args.tier, config.metrics_port, metrics_addr="0.0.0.0" if config.host == "[::]" else config.host)
     asyncio.run(serve(config))
 
 
@@ -158,12 +161,15 @@ def summary(c) -> str:
 
 
 def _up(args, exit_after_demo: bool = False) -> int:
+    import grpc
+
     from specmesh_cli.launcher import Cluster
 
     up = settings.build(UpConfig, {k: v for k, v in vars(args).items() if k != "command"}, env_prefix=None)
     cluster = Cluster(model=up.model, draft_model=up.draft_model, port=up.port, redis_url=up.redis_url,
                       draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
-                      metrics=up.metrics, http_port=up.http_port or None)
+                      metrics=up.metrics, http_port=up.http_port or None, host=up.host,
+                      orchestrator_replicas=up.orchestrator_replicas)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -176,12 +182,20 @@ def _up(args, exit_after_demo: bool = False) -> int:
         return 1
     try:
         print(f"specmesh orchestrator SERVING at {cluster.address}", flush=True)
+        if len(cluster.orchestrator_ports) > 1:
+            print(f"  all {len(cluster.orchestrator_ports)} orchestrators (a client resumes on any): "
+                  f"{cluster.target}", flush=True)
         if cluster.http_port:
             print(f"OpenAI-compatible API at {cluster.http_url}/v1 (model: {cluster.served_model()})", flush=True)
         for name in sorted(cluster.metrics_ports):
             print(f"  {name} metrics: {cluster.metrics_url(name)}", flush=True)
         if up.demo or exit_after_demo:
-            _demo(cluster.address, up.prompt, up.max_new_tokens)
+            try:
+                _demo(cluster.address, up.prompt, up.max_new_tokens)
+            except grpc.RpcError as error:   # say what failed, keep serving (demo: exit 1)
+                log.error("the first request failed: %s: %s", error.code().name, error.details())
+                if exit_after_demo:
+                    return 1
         if exit_after_demo:
             return 0
         print(f"try: specmesh generate --addr {cluster.address} --chat \"Write a haiku about caches\"", flush=True)
@@ -192,10 +206,7 @@ def _up(args, exit_after_demo: bool = False) -> int:
                   flush=True)
         print("Ctrl-C (or SIGTERM) stops every service.", flush=True)
         while not stop.wait(1.0):
-            dead = [t for t, p in cluster.processes.items() if p.poll() is not None]
-            if dead:
-                log.error("%s exited; shutting down", ", ".join(dead))
-                return 1
+            cluster.supervise()   # a child that died is restarted, as Kubernetes would
         return 0
     finally:
         codes = cluster.stop()

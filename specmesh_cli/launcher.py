@@ -8,27 +8,26 @@ Tests use the same class.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import json
-import urllib.error
-import urllib.request
-
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specmesh_cli.children import die_with_parent
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
 
 log = logging.getLogger("specmesh.launcher")
-
 
 def wait_serving(address: str, service: str, process: subprocess.Popen | None, timeout_s: float,
                  describe: str = "") -> None:
@@ -91,6 +90,10 @@ class Cluster:
     verifier_ports: list[int] = field(default_factory=list)
     redis: EmbeddedRedis | None = None
     _pending: list = field(default_factory=list)
+    _restart_at: dict[str, float] = field(default_factory=dict)
+    _backoff: dict[str, float] = field(default_factory=dict)
+    # The interface every service binds; None: theirs ("[::]", all interfaces, as in a pod).
+    host: str | None = None
     _more_orchestrator_ports: list[int] = field(default_factory=list)
     # metrics=True gives every process a free Prometheus port: metrics_ports["orchestrator" | "draft-0" | ...].
     metrics: bool = False
@@ -142,11 +145,36 @@ class Cluster:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{name}.log"
             out = open(log_path, "ab")
+        if self.host:
+            args = [*args, "--host", self.host]
         process = subprocess.Popen([sys.executable, "-m", "specmesh_cli.cli", "serve", tier, *args], env=env,
-                                   stdout=out, stderr=subprocess.STDOUT if out else None)
+                                   stdout=out, stderr=subprocess.STDOUT if out else None,
+                                   preexec_fn=die_with_parent(signal.SIGTERM))
         process.log_path = log_path
         self.processes[name] = process
         return process
+
+    def supervise(self) -> list[str]:
+        """Restart every child that died (as Kubernetes would), with a doubling back-off for one
+        that keeps dying; the orchestrators route around a replica meanwhile. Returns what was
+        restarted. Call it from the thread that started the cluster (see die_with_parent)."""
+        restarted, now = [], time.monotonic()
+        for name, process in list(self.processes.items()):
+            if process.poll() is None or now < self._restart_at.get(name, 0.0):
+                continue
+            delay = min(30.0, 2 * self._backoff.get(name, 0.5)) if now - self._restart_at.get(name, -1e9) < 60 else 1.0
+            self._backoff[name], self._restart_at[name] = delay, now + delay
+            log.warning("%s exited with code %s; restarting it (next restart no sooner than %.0f s)",
+                        name, process.returncode, delay)
+            self.start_tier(name)
+            restarted.append(name)
+        if self.redis is not None and self.redis.process.poll() is not None:
+            log.warning("redis-server exited with code %s; restarting it on port %d",
+                        self.redis.process.returncode, self.redis.port)
+            self.redis = EmbeddedRedis(port=self.redis.port).start()
+            restarted.append("redis")
+        self._pending = []   # restarted children report SERVING on their own; nothing waits for them here
+        return restarted
 
     def start_tier(self, name: str) -> None:
         """(Re)start one process: "orchestrator", "gateway", "draft-<i>" or "verifier-<i>"."""

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from specmesh_cli.children import die_with_parent
 
 
 def find_redis_server() -> str:
@@ -43,7 +46,8 @@ class EmbeddedRedis:
         self.process = subprocess.Popen(
             [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self._dir.name, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent(signal.SIGKILL))   # nothing to drain: sessions are rebuildable
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
