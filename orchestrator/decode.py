@@ -122,12 +122,14 @@ class Decoder:
     """Runs sessions against the replica pools; one instance per orchestrator."""
 
     def __init__(self, sessions: SessionStore, drafts: ReplicaPool, verifiers: ReplicaPool, tokenizer,
-                 eos_token_ids: set[int], draft_top_n: int, rpc_timeout_s: float):
+                 eos_token_ids: set[int], draft_top_n: int, rpc_timeout_s: float,
+                 rpc_timeout_s_per_1k_tokens: float = 30.0):
         self.sessions, self.drafts, self.verifiers = sessions, drafts, verifiers
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.draft_top_n = draft_top_n
         self.rpc_timeout_s = rpc_timeout_s
+        self.rpc_timeout_s_per_1k_tokens = rpc_timeout_s_per_1k_tokens
 
     async def run(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
         """A new session: steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
@@ -253,7 +255,8 @@ class Decoder:
         async def rpc(replica, start):
             s.touched.add(("verifier", replica.address))
             return await replica.stub.Prefill(
-                verifier_pb2.PrefillRequest(session_id=s.req.session_id, token_ids=prompt), timeout=self.rpc_timeout_s)
+                verifier_pb2.PrefillRequest(session_id=s.req.session_id, token_ids=prompt),
+                timeout=self._deadline(len(prompt)))
 
         replica, reply = await self.verifiers.call(Handle(), prompt, rpc)
         return Handle(replica.address, s.req.session_id, reply.cached_len)
@@ -265,7 +268,7 @@ class Decoder:
             return await replica.stub.Propose(draft_pb2.ProposeRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), k=k, drafter=s.req.drafter,
                 sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n),
-                timeout=self.rpc_timeout_s)
+                timeout=self._deadline(len(s.committed) - start))
 
         replica, reply = await self.drafts.call(s.draft, s.committed, rpc)
         s.draft = Handle(replica.address, s.req.session_id, s.draft.cached_len)
@@ -276,11 +279,14 @@ class Decoder:
             s.touched.add(("verifier", replica.address))
             return await replica.stub.Verify(verifier_pb2.VerifyRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), proposals=proposals,
-                sampling=s.sampling, seed=s.req.seed), timeout=self.rpc_timeout_s)
+                sampling=s.sampling, seed=s.req.seed), timeout=self._deadline(len(s.committed) - start))
 
         replica, reply = await self.verifiers.call(s.verifier, s.committed, rpc)
         s.verifier = Handle(replica.address, s.req.session_id, s.verifier.cached_len)
         return Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token), reply.cached_len
+
+    def _deadline(self, tokens_sent: int) -> float:
+        return self.rpc_timeout_s + self.rpc_timeout_s_per_1k_tokens * tokens_sent / 1000
 
     @staticmethod
     def _sync(s: _Stream, start: int) -> cache_pb2.CacheSync:

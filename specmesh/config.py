@@ -86,6 +86,9 @@ class OrchestratorConfig:
            "O(k * top_n), not O(k * vocabulary)")
     max_active_sessions: int = setting(256, "streams decoded at once; more get RESOURCE_EXHAUSTED")
     rpc_timeout_s: float = setting(60.0, "deadline of one Propose, Verify or Prefill call")
+    rpc_timeout_s_per_1k_tokens: float = setting(
+        30.0, "more deadline per 1,000 tokens a call sends (a long prompt's Prefill, a cache rebuilt from the "
+              "start): a busy replica is not a dead one")
     replica_retry_s: float = setting(
         20.0, "how long a step waits for a replica when every replica of a tier fails (a rolling restart, a "
               "rescheduled pod) before the client gets UNAVAILABLE")

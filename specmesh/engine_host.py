@@ -16,12 +16,29 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Sequence, TypeVar
 
+import grpc
 from opentelemetry import trace
 
 from specmesh import telemetry
-from specmesh.errors import Unavailable
+from specmesh.errors import ServiceError, Unavailable
 
 R = TypeVar("R")
+
+# The running job's "its caller gave up" flag, seen by engines on the model thread.
+_abandoned: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("abandoned", default=None)
+
+
+class Abandoned(ServiceError):
+    """The caller went away (deadline passed, client cancelled): the work stopped early."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+def check_abandoned() -> None:
+    """For long engine work: stop here when its caller no longer waits for it."""
+    flag = _abandoned.get()
+    if flag is not None and flag.is_set():
+        raise Abandoned("the caller went away; the work was stopped")
 
 
 class Caller(NamedTuple):
@@ -60,7 +77,9 @@ class EngineHost:
 
     async def run(self, fn: Callable[..., R], *args) -> R:
         """fn(*args) on the model thread, under the caller's span."""
+        abandoned = threading.Event()
         context = contextvars.copy_context()   # the thread runs under the caller's span
+        context.run(_abandoned.set, abandoned)
 
         def job(waited: float):
             started = time.perf_counter()
@@ -72,7 +91,11 @@ class EngineHost:
                 finally:
                     self._record(fn.__name__, [waited], time.perf_counter() - started)
 
-        return await self._submit(lambda waited: context.run(job, waited))
+        try:
+            return await self._submit(lambda waited: context.run(job, waited))
+        except asyncio.CancelledError:
+            abandoned.set()   # the job, if it is running, stops at its next check_abandoned()
+            raise
 
     async def run_batch(self, fn: Callable[..., R], callers: Sequence[Caller], *args) -> R:
         """fn(*args) once for several queued calls: one span, linked to each caller's."""

@@ -12,8 +12,11 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from specmesh import fingerprint
+from specmesh import engine_host, fingerprint
 from specmesh.errors import CacheMiss
+
+# Tokens per forward pass when feeding a long sequence (see KVSession.forward).
+PREFILL_CHUNK = 512
 
 
 class TokenHistory:
@@ -101,12 +104,22 @@ class KVSession(TokenHistory):
         """
         assert self.tokens, "forward() before any token was synced"
         _, feed = self.feed(extra)
-        input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)  # [1, T]
         rows = 1 if last_only else len(extra) + 1
-        logits = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,
-                            **{self.cache_arg: self.cache}).logits[0]                  # [rows, V]
+        # A long feed (a prompt, a cache rebuilt) goes in chunks, so work whose caller gave up
+        # (deadline passed, client gone) stops at the next chunk instead of running to the end.
+        while len(feed) > PREFILL_CHUNK + rows:
+            engine_host.check_abandoned()
+            self._run(feed[:PREFILL_CHUNK], 1)
+            feed = feed[PREFILL_CHUNK:]
+        engine_host.check_abandoned()
+        logits = self._run(feed, rows)
         self.tokens.extend(extra)
         return logits[-rows:].float()
+
+    def _run(self, feed: Sequence[int], rows: int) -> torch.Tensor:
+        input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)  # [1, T]
+        return self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,
+                          **{self.cache_arg: self.cache}).logits[0]                    # [rows, V]
 
 
 def tensor_bytes(tensor, seen: set) -> int:

@@ -100,3 +100,56 @@ def test_a_shorter_draft_context_bounds_requests_that_use_it():
     assert info.value.field == "max_new_tokens" and "context of 100" in info.value.message
     assert validate(build_request(prompt, max_new_tokens=20, k=2, drafter="ngram"), prompt, limits).max_new_tokens == 20
     assert validate(build_request(prompt, max_new_tokens=20, k=0, drafter="model"), prompt, limits).k == 0
+
+
+def test_a_long_feed_in_chunks_gives_the_same_logits(tmp_path, monkeypatch):
+    import torch
+
+    from specmesh import kv
+    from specmesh.models import load_model
+    from tests.tiny_models import build_tiny_model
+
+    loaded = load_model(str(build_tiny_model(tmp_path / "t", seed=3)))
+    tokens = [(5 * i + 1) % 40 + 3 for i in range(100)]
+    whole = kv.KVSession("w", loaded.model)
+    whole.sync(0, tokens)
+    expected = whole.forward([7, 8])
+    monkeypatch.setattr(kv, "PREFILL_CHUNK", 16)
+    chunked = kv.KVSession("c", loaded.model)
+    chunked.sync(0, tokens)
+    got = chunked.forward([7, 8])
+    assert torch.allclose(got, expected, atol=1e-4) and bool((got.argmax(-1) == expected.argmax(-1)).all())
+    assert chunked.cached_len == whole.cached_len == len(tokens) + 2
+
+
+def test_work_whose_caller_went_away_stops_at_its_next_check():
+    import asyncio
+    import threading
+    import time
+
+    from specmesh.engine_host import Abandoned, EngineHost, check_abandoned
+
+    stopped = threading.Event()
+
+    class Engine:
+        def long_prefill(self):
+            try:
+                for _ in range(200):            # 20 s of "chunks" unless abandoned
+                    check_abandoned()
+                    time.sleep(0.1)
+            except Abandoned:
+                stopped.set()
+                raise
+
+    async def main():
+        host = EngineHost("test engine")
+        host.engine = Engine()
+        call = asyncio.ensure_future(host.run(host.engine.long_prefill))
+        await asyncio.sleep(0.3)
+        call.cancel()                          # the deadline passed, or the client went away
+        started = time.monotonic()
+        while not stopped.is_set() and time.monotonic() - started < 5:
+            await asyncio.sleep(0.05)
+        return stopped.is_set()
+
+    assert asyncio.run(main())
