@@ -7,6 +7,7 @@ from typing import Iterator, Sequence
 
 import grpc
 
+from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc, sampling_pb2
 
 
@@ -68,8 +69,8 @@ class Completion:
 
 
 class Client:
-    def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        self.channel = grpc.insecure_channel(address, options=message_size_options(max_message_bytes))
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
 
     def stream(self, request: orchestrator_pb2.GenerateRequest, timeout: float | None = None

@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from specmesh.errors import CacheMiss
+from specmesh.errors import CacheMiss, InvalidArgument
 
 
 class TokenHistory:
@@ -24,6 +24,8 @@ class TokenHistory:
 
     def sync(self, start: int, tail: Sequence[int]) -> None:
         """Keep the first `start` tokens (the committed prefix) and append `tail`."""
+        if start < 0:   # a negative index would crop from the end
+            raise InvalidArgument("sync.start", f"must be >= 0, got {start}")
         if start > len(self.tokens):
             raise CacheMiss(self.session_id, len(self.tokens), start)
         del self.tokens[start:]
