@@ -50,7 +50,8 @@ class DraftEngine:
         name = drafter_name or self.default_drafter
         drafter = self.drafters.get(name)
         if drafter is None:
-            raise InvalidArgument("drafter", f"unknown drafter {shown(name)}; this replica serves {sorted(self.drafters)}")
+            raise InvalidArgument("drafter",
+                                  f"unknown drafter {shown(name)}; this replica serves {sorted(self.drafters)}")
         if not 0 <= k <= self.max_k:
             raise InvalidArgument("k", f"must be in [0, {self.max_k}], got {k}")
         top_n = top_n or self.default_top_n   # 0: the caller left it unset

@@ -87,7 +87,8 @@ def validate(msg: orchestrator_pb2.GenerateRequest, prompt_ids: list[int], limit
         raise InvalidArgument("prompt", "it encodes to no tokens")
     check_token_ids("tokens.token_ids", prompt_ids, limits.vocab_size)
     if limits.max_prompt_tokens and len(prompt_ids) > limits.max_prompt_tokens:
-        raise InvalidArgument("prompt", f"{len(prompt_ids)} tokens exceed max_prompt_tokens = {limits.max_prompt_tokens}")
+        raise InvalidArgument("prompt",
+                              f"{len(prompt_ids)} tokens exceed max_prompt_tokens = {limits.max_prompt_tokens}")
     drafter = msg.drafter or limits.default_drafter
     if drafter not in limits.drafters:
         raise InvalidArgument("drafter", f"unknown drafter {shown(drafter)}; available: {sorted(limits.drafters)}")

@@ -41,9 +41,10 @@ class DraftConfig:
         1, "torch intra-op threads; drafting is latency-bound small work, so one thread leaves the cores "
            "to the verifier when tiers share a machine")
     max_message_bytes: int = setting(
-        DEFAULT_MAX_MESSAGE_BYTES, "largest gRPC message received or sent; a bigger one is refused with RESOURCE_EXHAUSTED "
-                                   "before it is parsed. gRPC's default: a whole context of token ids (a "
-                                   "cache-miss resend, ~5 bytes a token) fits many times over")
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent; a bigger one is refused with "
+        "RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
+        "resend, ~5 bytes a token) fits many times over")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 
@@ -61,9 +62,10 @@ class VerifierConfig:
     max_batch: int = setting(16, "most Verify calls sharing one forward pass; 1 disables batching")
     torch_threads: int = setting(0, "torch intra-op threads; 0: torch's default (every core)")
     max_message_bytes: int = setting(
-        DEFAULT_MAX_MESSAGE_BYTES, "largest gRPC message received or sent; a bigger one is refused with RESOURCE_EXHAUSTED "
-                                   "before it is parsed. gRPC's default: a whole context of token ids (a "
-                                   "cache-miss resend, ~5 bytes a token) fits many times over")
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent; a bigger one is refused with "
+        "RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
+        "resend, ~5 bytes a token) fits many times over")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 
@@ -99,9 +101,10 @@ class OrchestratorConfig:
         20.0, "how long a step waits for a replica when every replica of a tier fails (a rolling restart, a "
               "rescheduled pod) before the client gets UNAVAILABLE")
     max_message_bytes: int = setting(
-        DEFAULT_MAX_MESSAGE_BYTES, "largest gRPC message received or sent, on the public port and on the channels to the replicas; a bigger one is refused with RESOURCE_EXHAUSTED "
-                                   "before it is parsed. gRPC's default: a whole context of token ids (a "
-                                   "cache-miss resend, ~5 bytes a token) fits many times over")
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent, on the public port and on the channels to the replicas; a "
+        "bigger one is refused with RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
+        "resend, ~5 bytes a token) fits many times over")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 

@@ -48,9 +48,11 @@ async def test_undecodable_requests_are_invalid_argument(server, payload):
     assert details.startswith("request: not a valid Release message"), details
     # Library services on the same port too: health (unary and streaming) and reflection (bidirectional).
     for method in ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"):
-        call = server.unary_unary(method) if method.endswith("Check") else server.unary_stream(method)
         try:
-            await call(payload, timeout=10) if method.endswith("Check") else [r async for r in call(payload, timeout=10)]
+            if method.endswith("Check"):
+                await server.unary_unary(method)(payload, timeout=10)
+            else:
+                [reply async for reply in server.unary_stream(method)(payload, timeout=10)]
             code = grpc.StatusCode.OK
         except grpc.aio.AioRpcError as error:
             code = error.code()

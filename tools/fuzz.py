@@ -343,7 +343,8 @@ def model_of(target: Target) -> Model:
     return Model(info.vocab_size, info.max_context)
 
 
-SERVICES = {"orchestrator": "specmesh.v1.Orchestrator", "draft": "specmesh.v1.Draft", "verifier": "specmesh.v1.Verifier"}
+SERVICES = {"orchestrator": "specmesh.v1.Orchestrator", "draft": "specmesh.v1.Draft",
+            "verifier": "specmesh.v1.Verifier"}
 
 
 def not_serving(target: Target) -> list[str]:
@@ -423,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0, help="the same seed sends the same requests")
     parser.add_argument("--model", default=None, help="target for the stack started here (default: smollm2)")
-    parser.add_argument("--orchestrator", help="fuzz a running stack: orchestrator host:port (with --draft, --verifier)")
+    parser.add_argument("--orchestrator",
+                        help="fuzz a running stack: orchestrator host:port (with --draft and --verifier)")
     parser.add_argument("--draft")
     parser.add_argument("--verifier")
     args = parser.parse_args(argv)
