@@ -272,7 +272,7 @@ def raw_calls(model: Model) -> st.SearchStrategy[Call]:
     @st.composite
     def build(draw):
         method = draw(methods)
-        how = draw(st.sampled_from(["random", "flipped", "cut", "bad string"]))
+        how = draw(st.sampled_from(["random", "flipped", "cut", "raw string"]))
         if how == "random":
             payload = draw(st.binary(max_size=256))
         else:
@@ -282,7 +282,7 @@ def raw_calls(model: Model) -> st.SearchStrategy[Call]:
                     payload[draw(st.integers(0, len(payload) - 1))] = draw(st.integers(0, 255))
             elif how == "cut" and payload:
                 payload = payload[:draw(st.integers(0, len(payload) - 1))]
-            elif how == "bad string":   # a string field holding arbitrary bytes, e.g. b"\xff\xfe" or a lone surrogate
+            elif how == "raw string":   # a string field holding arbitrary bytes, e.g. b"\xff\xfe" or a lone surrogate
                 number = draw(st.sampled_from(_string_fields(method.request)))
                 data = draw(st.one_of(st.binary(min_size=1, max_size=16), st.sampled_from(
                     [b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"ok\n\xe2\x82", b"\xf4\x90\x80\x80"])))
