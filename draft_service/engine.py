@@ -7,7 +7,8 @@ from typing import Sequence
 
 from specmesh.session_cache import SessionCache
 from specmesh.config import DraftConfig
-from specmesh.errors import InvalidArgument, check_token_ids
+from specmesh.bounds import shown
+from specmesh.errors import InvalidArgument, ResourceExhausted, check_token_ids
 from specmesh.kv import TokenHistory
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams
@@ -50,7 +51,8 @@ class DraftEngine:
         name = drafter_name or self.default_drafter
         drafter = self.drafters.get(name)
         if drafter is None:
-            raise InvalidArgument("drafter", f"unknown drafter {name!r}; this replica serves {sorted(self.drafters)}")
+            raise InvalidArgument("drafter",
+                                  f"unknown drafter {shown(name)}; this replica serves {sorted(self.drafters)}")
         if not 0 <= k <= self.max_k:
             raise InvalidArgument("k", f"must be in [0, {self.max_k}], got {k}")
         top_n = top_n or self.default_top_n   # 0: the caller left it unset
@@ -58,6 +60,9 @@ class DraftEngine:
             raise InvalidArgument("top_n", f"must be in [1, {MAX_PROPOSAL_SUPPORT}], got {top_n}")
         if drafter.vocab_size:   # 0: a vocabulary-agnostic drafter
             check_token_ids("sync.token_ids", tail, drafter.vocab_size)
+        if drafter.max_context and start + len(tail) + k > drafter.max_context:
+            raise ResourceExhausted(f"sequence of {start + len(tail) + k} tokens exceeds the {name} drafter's "
+                                    f"context of {drafter.max_context}")
         session = self.sessions.get(session_id)
         if start == 0 or session is None or session.drafter != name:
             # A full resend (or a first call) starts afresh; anything else without state is a cache miss.

@@ -16,7 +16,8 @@ log = logging.getLogger("specmesh.draft")
 
 
 async def serve(config: DraftConfig) -> None:
-    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host)
+    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
+                             max_message_bytes=config.max_message_bytes)
     host = EngineHost("draft model", tier="draft")
     telemetry.observe_engine("draft", host)
     servicer = DraftServicer(host)

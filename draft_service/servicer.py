@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from specmesh import wire
 from specmesh.engine_host import EngineHost
-from specmesh.errors import InvalidArgument
+from specmesh.bounds import check_session_id
 from specmesh.v1 import cache_pb2, draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = "specmesh.v1.Draft"
@@ -14,8 +14,7 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
         self.host = host
 
     async def Propose(self, request, context):
-        if not request.session_id:
-            raise InvalidArgument("session_id", "must not be empty")
+        check_session_id(request.session_id)
         engine = self.host.require()
         proposals, cached_len = await self.host.run(
             engine.propose, request.session_id, request.sync.start, list(request.sync.token_ids), request.k,
@@ -24,6 +23,7 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
         return draft_pb2.ProposeResponse(proposals=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len)
 
     async def Release(self, request, context):
+        check_session_id(request.session_id)
         engine = self.host.require()
         return cache_pb2.ReleaseResponse(released=await self.host.run(engine.release, request.session_id))
 

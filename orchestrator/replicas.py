@@ -20,6 +20,7 @@ from typing import Awaitable, Callable, Generic, Sequence, TypeVar
 
 import grpc
 
+from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from specmesh.errors import ServiceError, Unavailable, is_cache_miss
 from orchestrator.sessions import Handle
 
@@ -73,12 +74,14 @@ class ReplicaPool(Generic[S]):
 
     @classmethod
     def connect(cls, tier: str, addresses: Sequence[str], stub_cls: Callable[[grpc.aio.Channel], S],
-                interceptors=(), retry_s: float = 20.0) -> "ReplicaPool[S]":
+                interceptors=(), retry_s: float = 20.0,
+                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> "ReplicaPool[S]":
         if not addresses:
             raise ValueError(f"no {tier} replica addresses configured")
         replicas = []
         for address in addresses:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS, interceptors=list(interceptors))
+            options = [*_CHANNEL_OPTIONS, *message_size_options(max_message_bytes)]
+            channel = grpc.aio.insecure_channel(address, options=options, interceptors=list(interceptors))
             replicas.append(Replica(address, channel, stub_cls(channel)))
         return cls(tier, replicas, retry_s=retry_s)
 

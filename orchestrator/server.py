@@ -66,9 +66,11 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
     tokenizer, info = await asyncio.to_thread(load_tokenizer, config.model)
     # With tracing on, client spans for Propose / Verify and the trace context in their metadata.
     drafts = ReplicaPool.connect("draft", config.draft_addrs, draft_pb2_grpc.DraftStub,
-                                 interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s)
+                                 interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s,
+                                 max_message_bytes=config.max_message_bytes)
     verifiers = ReplicaPool.connect("verifier", config.verifier_addrs, verifier_pb2_grpc.VerifierStub,
-                                    interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s)
+                                    interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s,
+                                    max_message_bytes=config.max_message_bytes)
     verifier_infos = await infos(verifiers, "specmesh.v1.Verifier")
     draft_infos = await infos(drafts, "specmesh.v1.Draft")
     check_replicas(info, verifier_infos, draft_infos)
@@ -85,6 +87,9 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
         default_drafter=default_drafter,
         drafter_context={d.name: min(x.max_context for i in draft_infos for x in i.drafters if x.name == d.name)
                          for d in draft_infos[0].drafters if d.max_context},
+        max_prompt_tokens=config.max_prompt_tokens,
+        max_total_tokens=config.max_total_tokens,
+        max_stop_strings=config.max_stop_strings,
     )
     servicer.models = orchestrator_pb2.ListModelsResponse(
         target_model=verifier_infos[0].model, max_context=servicer.limits.max_context,
@@ -101,7 +106,8 @@ async def serve(config: OrchestratorConfig) -> None:
     sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s, os.environ.get("REDIS_PASSWORD"),
                                      config.redis_retry_s)
     servicer = OrchestratorServicer(sessions, config.max_active_sessions)
-    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host)
+    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
+                             max_message_bytes=config.max_message_bytes)
     await runtime.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
     await connect(config, servicer, sessions)
     await runtime.set_serving(True)

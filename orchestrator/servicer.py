@@ -7,7 +7,8 @@ import contextlib
 from orchestrator.decode import Chunk, Decoder
 from orchestrator.requests import Limits, tokenize_prompt, validate
 from orchestrator.sessions import SessionStore
-from specmesh.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from specmesh.bounds import check_session_id
+from specmesh.errors import NotFound, ResourceExhausted, Unavailable
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 SERVICE_NAME = "specmesh.v1.Orchestrator"
@@ -56,8 +57,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return reply
 
     async def Cancel(self, request, context):
-        if not request.session_id:
-            raise InvalidArgument("session_id", "must not be empty")
+        check_session_id(request.session_id)
         if not await self.sessions.cancel(request.session_id):
             raise NotFound(f"no session {request.session_id!r} (finished, expired or never started)")
         return orchestrator_pb2.CancelResponse()

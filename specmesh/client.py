@@ -9,6 +9,7 @@ from typing import Iterator, Sequence
 
 import grpc
 
+from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc, sampling_pb2
 
 
@@ -74,8 +75,9 @@ class Client:
     ("ipv4:10.0.0.1:50051,10.0.0.2:50051", or a DNS name with several records):
     when one dies mid-stream, the stream is resumed on another, transparently."""
 
-    def __init__(self, address: str, resume_attempts: int = 5):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address: str, resume_attempts: int = 5,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        self.channel = grpc.insecure_channel(address, options=message_size_options(max_message_bytes))
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
         self.resume_attempts = resume_attempts
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES
 from specmesh.models import DEFAULT_MODEL
 from specmesh.settings import setting
 
@@ -41,6 +42,11 @@ class DraftConfig:
     torch_threads: int = setting(
         1, "torch intra-op threads; drafting is latency-bound small work, so one thread leaves the cores "
            "to the verifier when tiers share a machine")
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent; a bigger one is refused with "
+        "RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
+        "resend, ~5 bytes a token) fits many times over")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 
@@ -59,6 +65,11 @@ class VerifierConfig:
              "latency; 0 batches only calls that queued while the model was busy")
     max_batch: int = setting(16, "most Verify calls sharing one forward pass; 1 disables batching")
     torch_threads: int = setting(0, "torch intra-op threads; 0: torch's default (every core)")
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent; a bigger one is refused with "
+        "RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
+        "resend, ~5 bytes a token) fits many times over")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 
@@ -85,6 +96,15 @@ class OrchestratorConfig:
         8, "tokens kept of each proposal q: a truncated q keeps the rule exact and a step's message "
            "O(k * top_n), not O(k * vocabulary)")
     max_active_sessions: int = setting(256, "streams decoded at once; more get RESOURCE_EXHAUSTED")
+    max_prompt_tokens: int | None = setting(
+        None, "longest prompt accepted, in tokens; longer gets INVALID_ARGUMENT. Unset: whatever leaves one "
+              "token of room in the target's context")
+    max_total_tokens: int | None = setting(
+        None, "longest prompt + max_new_tokens accepted; more gets INVALID_ARGUMENT, and an unset "
+              "max_new_tokens is cut to fit. Unset: the target's context")
+    max_stop_strings: int = setting(
+        16, "most stop strings one request may give (each at most 256 characters); every step searches the "
+            "text for each")
     rpc_timeout_s: float = setting(60.0, "deadline of one Propose, Verify or Prefill call")
     rpc_timeout_s_per_1k_tokens: float = setting(
         30.0, "more deadline per 1,000 tokens a call sends (a long prompt's Prefill, a cache rebuilt from the "
@@ -92,6 +112,11 @@ class OrchestratorConfig:
     replica_retry_s: float = setting(
         20.0, "how long a step waits for a replica when every replica of a tier fails (a rolling restart, a "
               "rescheduled pod) before the client gets UNAVAILABLE")
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent, on the public port and on the channels to the replicas; a "
+        "bigger one is refused with RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
+        "resend, ~5 bytes a token) fits many times over")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 

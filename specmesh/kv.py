@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from specmesh import engine_host, fingerprint
-from specmesh.errors import CacheMiss
+from specmesh.errors import CacheMiss, InvalidArgument
 
 # Tokens per forward pass when feeding a long sequence (see KVSession.forward).
 PREFILL_CHUNK = 512
@@ -42,6 +42,8 @@ class TokenHistory:
         tokens must hash to it: a cache that cannot prove its prefix is a cache miss.
         None trusts the caller (in-process use).
         """
+        if start < 0:   # a negative index would crop from the end
+            raise InvalidArgument("sync.start", f"must be >= 0, got {start}")
         if start > len(self.tokens):
             raise CacheMiss(self.session_id, len(self.tokens), start)
         if start and prefix_fingerprint is not None and self.fingerprint(start) != prefix_fingerprint:

@@ -61,7 +61,10 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     V = logits.shape[-1]
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), V).to(torch.float32)  # [..., V]
-    x = logits.to(torch.float32) / params.temperature                                  # [..., V]
+    # The max is subtracted before dividing, so a tiny temperature (1e-40) sends the others to
+    # -inf and the max to 0, never to inf - inf = NaN; softmax does not care about the shift.
+    x = logits.to(torch.float32)                                                       # [..., V]
+    x = (x - x.max(dim=-1, keepdim=True).values) / params.temperature                  # [..., V]
     if not (0 < params.top_k < V) and params.top_p >= 1.0:
         return torch.softmax(x, dim=-1)
     sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)               # [..., V]

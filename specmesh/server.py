@@ -12,20 +12,50 @@ import contextlib
 import inspect
 import logging
 import signal
-from typing import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specmesh import telemetry
+from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from specmesh.errors import ServiceError
 
 log = logging.getLogger("specmesh.server")
 
+# Status details echo parts of a request; a client refuses trailers past its metadata limit
+# (8 KiB by default), which would turn a clean status into an opaque one.
+MAX_DETAILS_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """What a request becomes when its bytes do not parse as the method's message
+    (corrupt wire format, invalid UTF-8 in a string field)."""
+
+    problem: str
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """gRPC runs the deserializer before any handler, and turns what it raises into UNKNOWN.
+    Returning the failure as a value lets the handler's wrapper answer INVALID_ARGUMENT."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as error:  # noqa: BLE001 - DecodeError, or whatever a custom deserializer raises
+            return Undecodable(f"{type(error).__name__}: {error}")
+
+    return deserialize
+
 
 class StatusInterceptor(grpc.aio.ServerInterceptor):
-    """Turns ServiceError into its gRPC status and anything else into INTERNAL.
+    """Turns ServiceError into its gRPC status, a request that does not decode into
+    INVALID_ARGUMENT, and anything else into INTERNAL.
 
     `on_status(method, code)` is called once per finished call (metrics hook).
     """
@@ -38,10 +68,11 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
+        deserializer = _tolerant(handler.request_deserializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._wrap_unary(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
@@ -49,7 +80,19 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
             wrap = self._wrap_stream if inspect.isasyncgenfunction(handler.unary_stream) else self._wrap_unary
             return grpc.unary_stream_rpc_method_handler(
                 wrap(method, handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:   # server reflection
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_request_stream(method, handler.stream_stream),
+                request_deserializer=deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_request_stream(method, handler.stream_unary),
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -61,10 +104,20 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
             log.exception("unhandled error in %s", method, exc_info=error)
             code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
         self._on_status(method, code)
+        if len(message) > MAX_DETAILS_CHARS:
+            message = message[:MAX_DETAILS_CHARS] + "..."
         await context.abort(code, message)
+
+    async def _refuse_undecodable(self, method: str, context: grpc.aio.ServicerContext, request) -> None:
+        if isinstance(request, Undecodable):
+            self._on_status(method, grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request: not a valid {method.rsplit('/', 1)[-1]} message ({request.problem})"
+                                [:MAX_DETAILS_CHARS])
 
     def _wrap_unary(self, method, behavior):
         async def wrapped(request, context):
+            await self._refuse_undecodable(method, context, request)
             try:
                 reply = await behavior(request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -78,6 +131,7 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap_stream(self, method, behavior):
         async def wrapped(request, context):
+            await self._refuse_undecodable(method, context, request)
             try:
                 async with contextlib.aclosing(behavior(request, context)) as items:
                     async for item in items:
@@ -90,18 +144,36 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
 
         return wrapped
 
+    def _wrap_request_stream(self, method, behavior):
+        """A library's request-streaming method (reflection): only undecodable requests are ours to map."""
+        async def checked(requests, context):
+            async for request in requests:
+                await self._refuse_undecodable(method, context, request)
+                yield request
+
+        if inspect.isasyncgenfunction(behavior):
+            async def wrapped(requests, context):
+                async with contextlib.aclosing(behavior(checked(requests, context), context)) as items:
+                    async for item in items:
+                        yield item
+        else:
+            async def wrapped(requests, context):
+                return await behavior(checked(requests, context), context)
+        return wrapped
+
 
 class ServiceRuntime:
     """One gRPC server with health and reflection for the named services."""
 
     def __init__(self, service_names: Iterable[str], port: int, *, host: str = "[::]", grace_s: float = 30.0,
-                 interceptors: Iterable[grpc.aio.ServerInterceptor] = ()):
+                 interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.service_names = list(service_names)
         self.host, self.port, self.grace_s = host, port, grace_s
         # Tracing's interceptor (none when tracing is off) goes first: its span covers the status mapping.
         self.interceptors = [*telemetry.server_interceptors(), *interceptors,
                              StatusInterceptor()]
-        self.server = grpc.aio.server(interceptors=self.interceptors)
+        self.server = grpc.aio.server(interceptors=self.interceptors, options=message_size_options(max_message_bytes))
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._stopping = asyncio.Event()

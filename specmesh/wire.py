@@ -7,16 +7,25 @@ to the verifier as they came.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
+from specmesh.errors import InvalidArgument
 from specmesh.proposal import DraftProposal
 from specmesh.sampling import SamplingParams
 from specmesh.v1 import draft_pb2, sampling_pb2
 
 
-def sampling_from_pb(msg: sampling_pb2.SamplingParams) -> SamplingParams:
+def sampling_from_pb(msg: sampling_pb2.SamplingParams, field: str = "sampling") -> SamplingParams:
+    """The parameters, checked where every service reads them: INVALID_ARGUMENT names the field."""
+    if not (msg.temperature >= 0 and math.isfinite(msg.temperature)):   # also rejects NaN
+        raise InvalidArgument(f"{field}.temperature", f"must be a finite number >= 0, got {msg.temperature}")
+    if msg.top_k < 0:
+        raise InvalidArgument(f"{field}.top_k", f"must be >= 0 (0 disables), got {msg.top_k}")
+    if msg.HasField("top_p") and not 0 < msg.top_p <= 1:
+        raise InvalidArgument(f"{field}.top_p", f"must be in (0, 1], got {msg.top_p}")
     return SamplingParams(temperature=msg.temperature, top_k=msg.top_k,
                           top_p=msg.top_p if msg.HasField("top_p") else 1.0)
 

@@ -1,5 +1,6 @@
 """Limits give clear statuses: RESOURCE_EXHAUSTED past the active-session limit,
-UNAVAILABLE when a tier is down, and the orchestrator recovers when it returns."""
+INVALID_ARGUMENT past the configured prompt and total lengths, UNAVAILABLE when
+a tier is down, and the orchestrator recovers when it returns."""
 from __future__ import annotations
 
 import time
@@ -17,7 +18,8 @@ from tests.conftest import SERVING, health_status
 def limited(tiny_models, redis_url, tmp_path_factory):
     cluster = Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),
                       redis_url=redis_url, log_dir=tmp_path_factory.mktemp("logs-limited"),
-                      orchestrator_args=["--max-active-sessions", "1", "--replica-retry-s", "2"])
+                      orchestrator_args=["--max-active-sessions", "1", "--replica-retry-s", "2",
+                                         "--max-prompt-tokens", "64", "--max-total-tokens", "420"])
     with cluster:
         yield cluster
 
@@ -52,3 +54,16 @@ def test_a_tier_down_is_unavailable_and_recovers(limited):
             limited.start_tier("verifier-0")
             limited.wait()
         assert client.generate("the cat", max_new_tokens=12, k=2).token_ids == before
+
+
+def test_configured_prompt_and_total_lengths_are_invalid_argument(limited):
+    with Client(limited.address) as client:
+        assert len(client.generate([5] * 64, max_new_tokens=2).token_ids) == 2
+        with pytest.raises(grpc.RpcError) as info:
+            client.generate([5] * 65, max_new_tokens=2)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == "prompt: 65 tokens exceed max_prompt_tokens = 64"
+        with pytest.raises(grpc.RpcError) as info:
+            client.generate([5] * 10, max_new_tokens=411)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().startswith("max_new_tokens") and "max_total_tokens = 420" in info.value.details()

@@ -52,6 +52,23 @@ def test_greedy_one_hot_ties_lowest_id():
     assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1.4e-45, 1e-30])
+def test_a_tiny_temperature_is_the_greedy_limit_not_nan(temperature):
+    """logits / 1e-40 overflows float32 to inf, and softmax of inf - inf is NaN; subtracting the
+    max first sends the others to -inf and keeps the max at 0."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1)) * 10
+    for params in (SamplingParams(temperature), SamplingParams(temperature, top_k=5),
+                   SamplingParams(temperature, top_p=0.5)):
+        probs = process_logits(logits, params)
+        assert torch.isfinite(probs).all()
+        assert torch.equal(probs, process_logits(logits, SamplingParams(0.0)))
+
+
+def test_a_huge_temperature_is_near_uniform():
+    probs = process_logits(torch.randn(50) * 10, SamplingParams(3e38))
+    assert torch.isfinite(probs).all() and torch.allclose(probs, torch.full((50,), 1 / 50))
+
+
 def test_temperature_only_is_softmax():
     logits = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
     probs = process_logits(logits, SamplingParams(temperature=0.5))

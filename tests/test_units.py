@@ -8,7 +8,7 @@ from draft_service.drafters import REGISTRY
 from draft_service.drafters.ngram import lookup
 from orchestrator.text import TextStream
 from specmesh.session_cache import SessionCache
-from specmesh.errors import CacheMiss
+from specmesh.errors import CacheMiss, InvalidArgument
 from specmesh.kv import TokenHistory
 
 
@@ -33,6 +33,9 @@ def test_token_history_sync_and_cache_miss():
     assert h.tokens == [1, 2, 3, 7, 9]
     with pytest.raises(CacheMiss):
         h.sync(6, [1])
+    with pytest.raises(InvalidArgument):   # a negative start would crop from the end
+        h.sync(-2, [])
+    assert h.tokens == [1, 2, 3, 7, 9]
 
 
 def test_a_cache_proves_its_prefix_or_misses():

@@ -121,6 +121,9 @@ class TargetEngine:
         self._check_tokens(f"{field}.q_ids", d.q_ids.tolist())
         if not bool(torch.isfinite(d.q_probs).all()) or bool((d.q_probs < 0).any()):
             raise InvalidArgument(f"{field}.q_probs", "must be finite and >= 0")
+        total = float(d.q_probs.double().sum())
+        if abs(total - 1.0) > 1e-3:   # a draft's float32 renormalising errs by ~1e-7
+            raise InvalidArgument(f"{field}.q_probs", f"must sum to 1, got {total}")
         if d.draft_prob <= 0:
             raise InvalidArgument(field, "the draft token must have probability > 0 in its own q")
 

@@ -18,7 +18,8 @@ log = logging.getLogger("specmesh.verifier")
 
 
 async def serve(config: VerifierConfig) -> None:
-    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host)
+    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
+                             max_message_bytes=config.max_message_bytes)
     host = EngineHost("target model", tier="verifier")
     telemetry.observe_engine("verifier", host)
     servicer = VerifierServicer(host, VerifyBatcher(host, config.max_batch, config.batch_window_ms / 1000))

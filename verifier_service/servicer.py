@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from specmesh import wire
 from specmesh.engine_host import EngineHost
-from specmesh.errors import InvalidArgument
+from specmesh.bounds import check_session_id
 from specmesh.v1 import cache_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.batching import VerifyBatcher
 from verifier_service.engine import VerifyCall
@@ -17,15 +17,13 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.batcher = batcher or VerifyBatcher(host, max_batch=1)
 
     async def Prefill(self, request, context):
-        if not request.session_id:
-            raise InvalidArgument("session_id", "must not be empty")
+        check_session_id(request.session_id)
         engine = self.host.require()
         cached_len = await self.host.run(engine.prefill, request.session_id, list(request.token_ids))
         return verifier_pb2.PrefillResponse(cached_len=cached_len)
 
     async def Verify(self, request, context):
-        if not request.session_id:
-            raise InvalidArgument("session_id", "must not be empty")
+        check_session_id(request.session_id)
         self.host.require()
         scores, cached_len = await self.batcher.submit(VerifyCall(
             request.session_id, request.sync.start, list(request.sync.token_ids),
@@ -35,6 +33,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                                            bonus_token=scores.bonus_token, cached_len=cached_len)
 
     async def Release(self, request, context):
+        check_session_id(request.session_id)
         engine = self.host.require()
         return cache_pb2.ReleaseResponse(released=await self.host.run(engine.release, request.session_id))
 

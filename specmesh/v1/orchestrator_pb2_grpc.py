@@ -70,9 +70,13 @@ class OrchestratorServicer:
         carries the session id (usable with Cancel) and no tokens; each later
         chunk carries the tokens committed by one step; the last chunk has
         finish_reason set and the final stats.
-        Errors: INVALID_ARGUMENT (naming the field) for bad parameters,
+        Errors: INVALID_ARGUMENT (naming the field) for bad parameters, for a
+        request that does not decode (invalid UTF-8 in a string, a corrupt
+        message) and for a prompt or total length beyond the server's limits;
         ALREADY_EXISTS for a session_id in use, UNAVAILABLE when no draft or
-        verifier replica answers, RESOURCE_EXHAUSTED when a limit is reached.
+        verifier replica answers, RESOURCE_EXHAUSTED when a limit is reached
+        (active sessions, or a message larger than the server's
+        max_message_bytes, 4 MiB by default).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
