@@ -9,7 +9,7 @@ from specmesh.session_cache import SessionCache
 from specmesh.config import DraftConfig
 from specmesh.bounds import shown
 from specmesh.errors import InvalidArgument, ResourceExhausted, check_token_ids
-from specmesh.kv import TokenHistory
+from specmesh.kv import TokenHistory, cache_nbytes
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams
 from draft_service.drafters import REGISTRY, Drafter
@@ -33,7 +33,9 @@ class DraftEngine:
         if self.default_drafter not in drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not served here; "
                              f"available: {sorted(drafters)}")
-        self.sessions: SessionCache[DraftSession] = SessionCache(config.max_sessions, config.session_idle_s)
+        self.sessions: SessionCache[DraftSession] = SessionCache(
+            config.max_sessions, config.session_idle_s, max_bytes=config.max_cache_bytes,
+            size_of=lambda session: cache_nbytes(getattr(session.state, "cache", None)))
 
     @classmethod
     def from_config(cls, config: DraftConfig) -> "DraftEngine":
@@ -74,6 +76,7 @@ class DraftEngine:
         else:
             session.state.sync(start, tail, prefix_fingerprint)
         proposals = drafter.propose(session.state, k, params, seed, top_n) if k else []
+        self.sessions.trim(keep=session_id)
         return proposals, len(session.state.tokens)
 
     def release(self, session_id: str) -> bool:

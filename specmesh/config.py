@@ -34,6 +34,9 @@ class DraftConfig:
         256, "sessions cached before least-recently-used eviction; cheap to lose (Redis can rebuild them), "
              "so bounded hard")
     session_idle_s: float = setting(600.0, "a session cache idle this long is dropped (its next call re-prefills)")
+    max_cache_bytes: int | None = setting(
+        None, "KV-cache bytes held before the least recently used sessions are evicted (their next call "
+              "re-prefills; the output is unchanged); unset: only max_sessions bounds memory")
     ngram_max: int = setting(3, "prompt lookup: longest suffix n-gram matched")
     ngram_min: int = setting(
         2, "prompt lookup: shortest suffix n-gram matched; on Spec-Bench with SmolLM2 a minimum of 2 doubled "
@@ -60,6 +63,9 @@ class VerifierConfig:
     dtype: str | None = setting(None, "float32, bfloat16 or float16; unset: float32 (bf16 is slower on AVX2 CPUs)")
     max_sessions: int = setting(64, "KV caches held before least-recently-used eviction")
     session_idle_s: float = setting(600.0, "a KV cache idle this long is dropped (its next call re-prefills)")
+    max_cache_bytes: int | None = setting(
+        None, "KV-cache bytes held before the least recently used sessions are evicted (their next call "
+              "re-prefills; the output is unchanged); unset: only max_sessions bounds memory")
     batch_window_ms: float = setting(
         0.0, "hold a lone Verify this long for company in the next forward pass: more throughput, more "
              "latency; 0 batches only calls that queued while the model was busy")

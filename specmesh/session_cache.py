@@ -18,10 +18,15 @@ T = TypeVar("T")
 
 
 class SessionCache(Generic[T]):
-    def __init__(self, max_sessions: int, idle_ttl_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_sessions: int, idle_ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 max_bytes: int | None = None, size_of: Callable[[T], int] | None = None):
         assert max_sessions > 0, f"max_sessions must be positive, got {max_sessions}"
+        assert max_bytes is None or size_of is not None, "a byte limit needs size_of"
         self.max_sessions = max_sessions
         self.idle_ttl_s = idle_ttl_s
+        # Sessions count badly for memory (one 8k-token cache outweighs a hundred short ones):
+        # with max_bytes, the least recently used go until the rest fit (see trim).
+        self.max_bytes, self._size_of = max_bytes, size_of
         self._clock = clock
         self._items: OrderedDict[str, tuple[float, T]] = OrderedDict()
         self.evictions = 0
@@ -45,6 +50,22 @@ class SessionCache(Generic[T]):
     def pop(self, key: str) -> T | None:
         entry = self._items.pop(key, None)
         return None if entry is None else entry[1]
+
+    def trim(self, keep: str = "") -> int:
+        """Evict least-recently-used sessions, never `keep` (the one just served), until the
+        cached bytes fit max_bytes. Called after work that grew a cache. Returns the bytes held."""
+        if self.max_bytes is None:
+            return 0
+        sizes = {key: self._size_of(value) for key, (_, value) in self._items.items()}
+        total = sum(sizes.values())
+        for key in list(self._items):
+            if total <= self.max_bytes:
+                break
+            if key != keep:
+                del self._items[key]
+                total -= sizes[key]
+                self.evictions += 1
+        return total
 
     def snapshot(self) -> list[T]:
         """The cached states, safe to call from another thread (a metrics scrape) while

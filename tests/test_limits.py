@@ -67,3 +67,39 @@ def test_configured_prompt_and_total_lengths_are_invalid_argument(limited):
             client.generate([5] * 10, max_new_tokens=411)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert info.value.details().startswith("max_new_tokens") and "max_total_tokens = 420" in info.value.details()
+
+
+def test_kv_cache_bytes_are_bounded_by_evicting_the_least_recently_used(tiny_models):
+    from specmesh.config import VerifierConfig
+    from specmesh.kv import cache_nbytes
+    from specmesh.models import load_model
+    from verifier_service.engine import TargetEngine
+
+    target = load_model(str(tiny_models["target"]))
+    probe = TargetEngine(target, VerifierConfig())
+    probe.prefill("probe", list(range(5, 45)))
+    one = cache_nbytes(probe.sessions.get("probe").cache)
+    engine = TargetEngine(target, VerifierConfig(max_cache_bytes=int(2.5 * one)))
+    for name in ("a", "b", "c"):
+        engine.prefill(name, list(range(5, 45)))
+    assert engine.sessions.get("a") is None and engine.sessions.get("b") and engine.sessions.get("c")
+    assert sum(cache_nbytes(s.cache) for s in engine.sessions.snapshot()) <= 2.5 * one
+    assert engine.sessions.evictions == 1   # its next call is a cache miss, rebuilt (next test)
+
+
+def test_output_is_unchanged_when_caches_keep_being_evicted(tiny_models, redis_url, tmp_path):
+    """Byte limits so small that every session evicts the others: more re-prefills, same tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = ["first of many", "second one here", "third prompt", "fourth and last"]
+    limited = Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),
+                      redis_url=redis_url, log_dir=tmp_path, startup_timeout_s=900,
+                      extra_env={"SPECMESH_MAX_CACHE_BYTES": "20000"})
+    with limited:
+        with Client(limited.address) as client, ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda p: client.generate(p, max_new_tokens=40, k=3, drafter="model",
+                                                          temperature=0.9, seed=3).token_ids, prompts))
+        with Client(limited.address) as client:
+            alone = [client.generate(p, max_new_tokens=40, k=3, drafter="model", temperature=0.9, seed=3).token_ids
+                     for p in prompts]
+    assert got == alone

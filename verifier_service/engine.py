@@ -16,7 +16,7 @@ import torch
 from specmesh.session_cache import SessionCache
 from specmesh.config import VerifierConfig
 from specmesh.errors import InvalidArgument, ResourceExhausted, check_token_ids
-from specmesh.kv import KVSession
+from specmesh.kv import KVSession, cache_nbytes
 from specmesh.models import LoadedModel
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams, process_logits
@@ -43,7 +43,9 @@ class TargetEngine:
     def __init__(self, loaded: LoadedModel, config: VerifierConfig):
         self.model = loaded.model
         self.info = loaded.info
-        self.sessions: SessionCache[KVSession] = SessionCache(config.max_sessions, config.session_idle_s)
+        self.sessions: SessionCache[KVSession] = SessionCache(
+            config.max_sessions, config.session_idle_s, max_bytes=config.max_cache_bytes,
+            size_of=lambda session: cache_nbytes(session.cache))
 
     def _check_tokens(self, field: str, tokens: Sequence[int]) -> None:
         check_token_ids(field, tokens, self.info.vocab_size)
@@ -57,6 +59,7 @@ class TargetEngine:
         session.sync(0, tokens)
         session.forward()
         self.sessions.put(session_id, session)
+        self.sessions.trim(keep=session_id)
         return len(session.tokens)
 
     def verify_batch(self, calls: Sequence[VerifyCall]) -> list[tuple[Scores, int] | Exception]:
@@ -92,6 +95,8 @@ class TargetEngine:
         if later:
             for i, result in zip(later, self.verify_batch([calls[i] for i in later])):
                 results[i] = result
+        for call in calls:
+            self.sessions.trim(keep=call.session_id)
         return results
 
     def _sync(self, call: VerifyCall) -> KVSession:
