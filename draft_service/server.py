@@ -5,7 +5,7 @@ import asyncio
 import logging
 
 from specmesh.config import DraftConfig
-from specmesh import telemetry
+from specmesh import auth, telemetry
 from specmesh.engine_host import EngineHost
 from specmesh.server import ServiceRuntime
 from specmesh.v1 import draft_pb2_grpc
@@ -17,6 +17,7 @@ log = logging.getLogger("specmesh.draft")
 
 async def serve(config: DraftConfig) -> None:
     runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
+                             interceptors=auth.server_interceptors(internal_token_file=config.internal_token_file),
                              max_message_bytes=config.max_message_bytes)
     host = EngineHost("draft model", tier="draft")
     telemetry.observe_engine("draft", host)

@@ -79,7 +79,7 @@ class Completions:
             log.debug("request for user %r", req.user)   # the future tenant
         prompt_field = "messages" if chat else "prompt"
         max_tokens_field = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
-        call = self.upstream.generate(msg)
+        call = self.upstream.generate(msg, request.headers.get("authorization"))
         try:
             first = await call.read()   # the session id, once the orchestrator has accepted the request
         except grpc.aio.AioRpcError as error:

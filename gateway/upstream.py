@@ -41,8 +41,11 @@ class Upstream:
         self._served, self._fetched_at = Served.from_pb(reply, self.served_name), time.monotonic()
         return self._served
 
-    def generate(self, request: orchestrator_pb2.GenerateRequest) -> grpc.aio.UnaryStreamCall:
-        return self.stub.Generate(request, timeout=self.timeout_s)
+    def generate(self, request: orchestrator_pb2.GenerateRequest, authorization: str | None = None
+                 ) -> grpc.aio.UnaryStreamCall:
+        """The client's own `Authorization: Bearer` goes through: the orchestrator decides who may call."""
+        metadata = (("authorization", authorization),) if authorization else None
+        return self.stub.Generate(request, timeout=self.timeout_s, metadata=metadata)
 
     async def healthy(self) -> bool:
         try:

@@ -18,8 +18,8 @@ from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
 from orchestrator.sessions import Fenced, Handle, SessionLost, SessionStore
 from orchestrator.text import TextStream
-from specmesh import telemetry, wire
-from specmesh.errors import InvalidArgument, NotFound
+from specmesh import auth, telemetry, wire
+from specmesh.errors import InvalidArgument, NotFound, PermissionDenied
 from specmesh.fingerprint import PrefixFingerprints
 from specmesh.sampling import SamplingParams
 from specmesh.speculative import Scores, accept
@@ -116,6 +116,7 @@ class _Stream:
     # (a call in flight when the client left may still have built a cache there).
     touched: set[tuple[str, str]] = field(default_factory=set)          # (tier, replica address)
     lease: int = 1                                          # the fencing token this orchestrator commits under
+    owner: str = ""                                         # the caller that created it (auth.caller_id)
 
 
 class Decoder:
@@ -133,9 +134,10 @@ class Decoder:
 
     async def run(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
         """A new session: steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
-        await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed)
+        owner = auth.caller_id()
+        await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed, owner=owner)
         s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), PrefixFingerprints(req.prompt_ids),
-                    Handle(cache_id=req.session_id), Handle(cache_id=req.session_id))
+                    Handle(cache_id=req.session_id), Handle(cache_id=req.session_id), owner=owner)
         s.prefill = asyncio.ensure_future(self._prefill(s))   # the target reads the prompt during the first Propose
         async for chunk in self._drive(s, offset=0):
             yield chunk
@@ -143,9 +145,13 @@ class Decoder:
     async def resume(self, session_id: str, offset: int) -> AsyncIterator[Chunk]:
         """Continue a session from its Redis record (its stream was lost): first the committed tokens
         past `offset`, then new steps. Draws depend only on (seed, position), so nothing changes."""
-        lease = await self.sessions.take_lease(session_id)   # fences off whoever drove it before
-        record = await self.sessions.get(session_id) if lease else None
+        record = await self.sessions.get(session_id)
         if record is None:
+            raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
+        if record.owner != auth.caller_id():
+            raise PermissionDenied(f"session {session_id} belongs to another caller")
+        lease = await self.sessions.take_lease(session_id)   # fences off whoever drove it before
+        if not lease:
             raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         committed = record.tokens[record.prompt_len:]
         if not 0 <= offset <= len(committed):
@@ -153,7 +159,7 @@ class Decoder:
                                                    f"got {offset}")
         req = _request_from_record(record)
         s = _Stream(req, wire.sampling_to_pb(req.params), list(record.tokens), PrefixFingerprints(record.tokens),
-                    record.draft_handle, record.verifier_handle, steps=record.step, lease=lease)
+                    record.draft_handle, record.verifier_handle, steps=record.step, lease=lease, owner=record.owner)
         log.info("resuming session at %d of %d committed tokens (lease %d)", offset, len(committed), lease)
         async for chunk in self._drive(s, offset):
             yield chunk
@@ -232,7 +238,7 @@ class Decoder:
             except SessionLost:   # Redis came back empty: this stream holds everything the record held
                 log.warning("session record lost (Redis restarted without its data?); writing it again")
                 await self.sessions.create(req.session_id, s.committed, _params_record(req), req.seed,
-                                           prompt_len=len(req.prompt_ids), lease=s.lease)
+                                           prompt_len=len(req.prompt_ids), lease=s.lease, owner=s.owner)
                 status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier,
                                                     s.lease)
         if status == "cancelled":   # Redis kept nothing of this step: neither does the client

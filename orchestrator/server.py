@@ -13,7 +13,7 @@ from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.requests import Limits
 from orchestrator.servicer import SERVICE_NAME, OrchestratorServicer
 from orchestrator.sessions import SessionStore
-from specmesh import telemetry
+from specmesh import auth, telemetry
 from specmesh.config import OrchestratorConfig
 from specmesh.models import ModelInfo, VocabularyMismatch, check_same_vocab, load_tokenizer
 from specmesh.server import ServiceRuntime
@@ -64,12 +64,15 @@ def _info(msg) -> ModelInfo:
 
 async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, sessions: SessionStore) -> None:
     tokenizer, info = await asyncio.to_thread(load_tokenizer, config.model)
-    # With tracing on, client spans for Propose / Verify and the trace context in their metadata.
+    # With tracing on, client spans and the trace context; with an internal token, the token on every call.
+    interceptors = [*telemetry.client_interceptors(),
+                    *([auth.BearerToken(auth.read_token(config.internal_token_file))] if config.internal_token_file
+                      else [])]
     drafts = ReplicaPool.connect("draft", config.draft_addrs, draft_pb2_grpc.DraftStub,
-                                 interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s,
+                                 interceptors=interceptors, retry_s=config.replica_retry_s,
                                  max_message_bytes=config.max_message_bytes)
     verifiers = ReplicaPool.connect("verifier", config.verifier_addrs, verifier_pb2_grpc.VerifierStub,
-                                    interceptors=telemetry.client_interceptors(), retry_s=config.replica_retry_s,
+                                    interceptors=interceptors, retry_s=config.replica_retry_s,
                                     max_message_bytes=config.max_message_bytes)
     verifier_infos = await infos(verifiers, "specmesh.v1.Verifier")
     draft_infos = await infos(drafts, "specmesh.v1.Draft")
@@ -107,6 +110,7 @@ async def serve(config: OrchestratorConfig) -> None:
                                      config.redis_retry_s)
     servicer = OrchestratorServicer(sessions, config.max_active_sessions)
     runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
+                             interceptors=auth.server_interceptors(tokens_file=config.auth_tokens_file),
                              max_message_bytes=config.max_message_bytes)
     await runtime.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
     await connect(config, servicer, sessions)

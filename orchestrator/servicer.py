@@ -8,6 +8,7 @@ from orchestrator.decode import Chunk, Decoder
 from orchestrator.requests import Limits, tokenize_prompt, validate
 from orchestrator.sessions import SessionStore
 from specmesh.bounds import check_session_id
+from specmesh import auth
 from specmesh.errors import NotFound, ResourceExhausted, Unavailable
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -58,7 +59,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
     async def Cancel(self, request, context):
         check_session_id(request.session_id)
-        if not await self.sessions.cancel(request.session_id):
+        if not await self.sessions.cancel(request.session_id, auth.caller_id()):
             raise NotFound(f"no session {request.session_id!r} (finished, expired or never started)")
         return orchestrator_pb2.CancelResponse()
 

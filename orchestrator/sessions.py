@@ -3,7 +3,8 @@
 Per session, two keys sharing a hash tag (so Redis Cluster keeps them on one slot):
 
     specmesh:session:{ID}   hash: prompt_len, params (JSON), seed, step, status,
-                            draft_handle, verifier_handle (JSON), created_ms
+                            draft_handle, verifier_handle (JSON), lease (the fencing
+                            token of whoever drives it), owner (who may cancel or resume)
     specmesh:tokens:{ID}    string: committed token ids, int32 little-endian
 
 Every change goes through a Lua script, so it is atomic: `commit` appends a
@@ -18,7 +19,6 @@ import asyncio
 import functools
 import json
 import struct
-import time
 from dataclasses import asdict, dataclass
 
 import grpc
@@ -28,7 +28,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from specmesh.errors import AlreadyExists, NotFound, ServiceError, Unavailable
+from specmesh.errors import AlreadyExists, NotFound, PermissionDenied, ServiceError, Unavailable
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -59,8 +59,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('HINCRBY', KEYS[1], 'lease', 1)
 """
 
+# ARGV: the caller. Only the session's owner (the caller that created it) may cancel it.
 _CANCEL = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if (redis.call('HGET', KEYS[1], 'owner') or '') ~= ARGV[1] then return -1 end
 redis.call('HSET', KEYS[1], 'status', 'cancelled')
 return 1
 """
@@ -95,6 +97,7 @@ class SessionRecord:
     draft_handle: Handle
     verifier_handle: Handle
     ttl_s: int
+    owner: str = ""          # the caller that created it (auth.caller_id), "" without authentication
 
 
 class SessionLost(NotFound):
@@ -161,11 +164,11 @@ class SessionStore:
 
     @_unavailable_when_down
     async def create(self, session_id: str, prompt: list[int], params: dict, seed: int,
-                     prompt_len: int | None = None, lease: int = 1) -> None:
+                     prompt_len: int | None = None, lease: int = 1, owner: str = "") -> None:
         """A new record holding `prompt` as its tokens (a restored one: every committed token so far)."""
         fields = {"prompt_len": len(prompt) if prompt_len is None else prompt_len, "params": json.dumps(params), "seed": seed, "step": 0,
                   "status": "running", "draft_handle": Handle().to_json(), "verifier_handle": Handle().to_json(),
-                  "lease": lease, "created_ms": int(time.time() * 1000)}
+                  "lease": lease, "owner": owner}
         flat = [item for pair in fields.items() for item in pair]
         if not await self._create(keys=self.keys(session_id), args=[self.ttl_s, pack(prompt), *flat]):
             raise AlreadyExists(f"session {session_id} already exists")
@@ -191,8 +194,12 @@ class SessionStore:
         return int(await self._take_lease(keys=self.keys(session_id)))
 
     @_unavailable_when_down
-    async def cancel(self, session_id: str) -> bool:
-        return bool(await self._cancel(keys=self.keys(session_id)))
+    async def cancel(self, session_id: str, caller: str = "") -> bool:
+        """Mark the session cancelled; False when there is none. PERMISSION_DENIED for another caller's."""
+        result = await self._cancel(keys=self.keys(session_id), args=[caller])
+        if result == -1:
+            raise PermissionDenied(f"session {session_id} belongs to another caller")
+        return bool(result)
 
     @_unavailable_when_down
     async def get(self, session_id: str) -> SessionRecord | None:
@@ -205,7 +212,8 @@ class SessionStore:
         return SessionRecord(session_id=session_id, tokens=unpack(tokens or b""), prompt_len=int(f["prompt_len"]),
                              params=json.loads(f["params"]), seed=int(f["seed"]), step=int(f["step"]),
                              status=f["status"].decode(), draft_handle=Handle.from_json(f["draft_handle"]),
-                             verifier_handle=Handle.from_json(f["verifier_handle"]), ttl_s=int(ttl))
+                             verifier_handle=Handle.from_json(f["verifier_handle"]), ttl_s=int(ttl),
+                             owner=f.get("owner", b"").decode())
 
     @_unavailable_when_down
     async def release(self, session_id: str) -> bool:

@@ -76,8 +76,10 @@ class Client:
     when one dies mid-stream, the stream is resumed on another, transparently."""
 
     def __init__(self, address: str, resume_attempts: int = 5,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None):
         self.channel = grpc.insecure_channel(address, options=message_size_options(max_message_bytes))
+        # A bearer token for an orchestrator that requires one (auth_tokens_file).
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
         self.resume_attempts = resume_attempts
 
@@ -92,7 +94,7 @@ class Client:
         return completion
 
     def cancel(self, session_id: str) -> None:
-        self.stub.Cancel(orchestrator_pb2.CancelRequest(session_id=session_id))
+        self.stub.Cancel(orchestrator_pb2.CancelRequest(session_id=session_id), metadata=self.metadata)
 
     def close(self) -> None:
         self.channel.close()
@@ -136,7 +138,8 @@ class Stream:
         request, received, attempt = self._request, None, 0
         while True:
             try:
-                self._call = self._client.stub.Generate(request, timeout=self._timeout, wait_for_ready=attempt > 0)
+                self._call = self._client.stub.Generate(request, timeout=self._timeout, wait_for_ready=attempt > 0,
+                                                        metadata=self._client.metadata)
                 for chunk in self._call:
                     received = chunk.offset + len(chunk.token_ids)
                     yield chunk

@@ -18,6 +18,9 @@ from specmesh.settings import setting
 @dataclass(frozen=True)
 class DraftConfig:
     port: int = setting(50061, "gRPC port of the Draft service")
+    internal_token_file: str | None = setting(
+        None, "a file holding the token internal calls carry (orchestrator -> draft and verifier; a mounted "
+              "Secret); set on all three tiers to lock the internal APIs; unset: they are open")
     host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
                                "`specmesh up` uses 127.0.0.1")
     draft_model: str | None = setting(
@@ -56,6 +59,9 @@ class DraftConfig:
 @dataclass(frozen=True)
 class VerifierConfig:
     port: int = setting(50062, "gRPC port of the Verifier service")
+    internal_token_file: str | None = setting(
+        None, "a file holding the token internal calls carry (orchestrator -> draft and verifier; a mounted "
+              "Secret); set on all three tiers to lock the internal APIs; unset: they are open")
     host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
                                "`specmesh up` uses 127.0.0.1")
     model: str = setting(DEFAULT_MODEL, "the target: 'smollm2' (embedded), an HF folder or hub id, or a .gguf file")
@@ -82,6 +88,12 @@ class VerifierConfig:
 @dataclass(frozen=True)
 class OrchestratorConfig:
     port: int = setting(50051, "gRPC port of the public Orchestrator API")
+    auth_tokens_file: str | None = setting(
+        None, "bearer tokens accepted on the public API, one per line (a mounted Secret), re-read when the file "
+              "changes; a call without one is UNAUTHENTICATED; unset: no authentication")
+    internal_token_file: str | None = setting(
+        None, "a file holding the token internal calls carry (orchestrator -> draft and verifier; a mounted "
+              "Secret); set on all three tiers to lock the internal APIs; unset: they are open")
     host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
                                "`specmesh up` uses 127.0.0.1")
     model: str = setting(DEFAULT_MODEL, "the target, for its tokenizer and chat template")

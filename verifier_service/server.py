@@ -6,7 +6,7 @@ import logging
 
 from specmesh.config import VerifierConfig
 from specmesh.models import load_model
-from specmesh import telemetry
+from specmesh import auth, telemetry
 from specmesh.engine_host import EngineHost
 from specmesh.server import ServiceRuntime
 from specmesh.v1 import verifier_pb2_grpc
@@ -19,6 +19,7 @@ log = logging.getLogger("specmesh.verifier")
 
 async def serve(config: VerifierConfig) -> None:
     runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
+                             interceptors=auth.server_interceptors(internal_token_file=config.internal_token_file),
                              max_message_bytes=config.max_message_bytes)
     host = EngineHost("target model", tier="verifier")
     telemetry.observe_engine("verifier", host)
