@@ -277,7 +277,13 @@ def test_dev_orchestrator_uses_the_bundled_redis(dev):
     assert redis["spec"]["replicas"] == 1
     assert container(redis, "redis")["image"].startswith("redis:")
     assert redis_svc["spec"]["selector"] == redis["spec"]["selector"]["matchLabels"]
-    assert "REDIS_PASSWORD" not in env  # no password unless redis.auth.password is set
+    # A password by default (generated, in a Secret): Redis holds every prompt and output.
+    ref = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] in of_kind(dev, "Secret") and "--requirepass" in container(redis, "redis")["args"]
+    assert "--protected-mode" not in container(redis, "redis")["args"]
+    off = env_of(container(of_kind(render({"redis": {"auth": {"enabled": False}}}), "Deployment")[
+        f"{FULLNAME}-orchestrator"]))
+    assert "REDIS_PASSWORD" not in off   # only when switched off
 
 
 def test_bundled_redis_password_reaches_both_sides():

@@ -146,7 +146,7 @@ app.kubernetes.io/component: {{ .tier }}
 {{- if .Values.redis.enabled -}}
 {{- if .Values.redis.auth.existingSecret -}}
 {{- .Values.redis.auth.existingSecret -}}
-{{- else if .Values.redis.auth.password -}}
+{{- else if or .Values.redis.auth.password .Values.redis.auth.enabled -}}
 {{- include "specmesh.redis.fullname" . -}}
 {{- end -}}
 {{- else -}}
@@ -521,4 +521,21 @@ as floats: print them as integers, never as 4.194304e+06.
 - name: {{ printf "SPECMESH_%s" (upper $name) }}
   value: {{ if and (kindIs "float64" $value) (eq $value (float64 (int64 $value))) }}{{ int64 $value | toString | quote }}{{ else }}{{ $value | toString | quote }}{{ end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The bundled Redis's password: the one given, else the one already in the
+release's Secret (kept across upgrades), else a new random one.
+*/}}
+{{- define "specmesh.redis.password" -}}
+{{- if .Values.redis.auth.password -}}
+{{- .Values.redis.auth.password -}}
+{{- else -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "specmesh.redis.fullname" .) -}}
+{{- if and $existing $existing.data (index $existing.data "redis-password") -}}
+{{- index $existing.data "redis-password" | b64dec -}}
+{{- else -}}
+{{- randAlphaNum 32 -}}
+{{- end -}}
+{{- end -}}
 {{- end }}
