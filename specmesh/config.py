@@ -12,6 +12,14 @@ from dataclasses import dataclass
 
 from specmesh.models import DEFAULT_MODEL
 
+# The ways a model's linear layers can run: see specmesh/fast_linear.py.
+LINEAR_KERNELS = ("packed", "stock", "int8-weight", "int8-dynamic")
+
+
+def _check_kernels(config) -> None:
+    if config.linear_kernels not in LINEAR_KERNELS:
+        raise ValueError(f"linear_kernels must be one of {', '.join(LINEAR_KERNELS)}, got {config.linear_kernels!r}")
+
 
 @dataclass(frozen=True)
 class DraftConfig:
@@ -35,7 +43,13 @@ class DraftConfig:
     # torch intra-op threads. Drafting is latency-bound small work: one thread,
     # leaving the cores to the verifier when the tiers share a machine.
     torch_threads: int = 1
+    # How the draft model's linear layers run (specmesh/fast_linear.py; the
+    # verifier's setting of the same name). A draft may be quantized freely:
+    # the verifier's rule stays exact, only acceptance can move.
+    linear_kernels: str = "packed"
     metrics_port: int | None = None
+
+    __post_init__ = _check_kernels
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,16 @@ class VerifierConfig:
     batch_window_ms: float = 0.0
     max_batch: int = 16
     torch_threads: int = 0              # 0: torch's default (every core)
+    # How the target's linear layers run (specmesh/fast_linear.py). "packed":
+    # weights pre-packed once for oneDNN, so a (k + 1)-token Verify costs ~1.05x
+    # a 1-token step instead of 1.5-2x with stock MKL on CPU (same outputs to
+    # float rounding; +1 copy of the weights, ~1-2 s at start-up; a no-op on
+    # GPUs and non-fp32). "stock": torch's nn.Linear. "int8-weight" /
+    # "int8-dynamic" quantize the target: a different model, only on request.
+    linear_kernels: str = "packed"
     metrics_port: int | None = None
+
+    __post_init__ = _check_kernels
 
 
 @dataclass(frozen=True)
@@ -104,6 +127,7 @@ SETTING_ENV = {
     "torch_threads": "SPECMESH_TORCH_THREADS",
     "ngram_max": "SPECMESH_NGRAM_MAX",
     "ngram_min": "SPECMESH_NGRAM_MIN",
+    "linear_kernels": "SPECMESH_LINEAR_KERNELS",
 }
 
 
