@@ -116,9 +116,6 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
                 s = c.stats
                 if baseline is None:
                     baseline = c
-                    if peers:   # the same prompt through the HF peers, right after our baseline
-                        rows.extend(_run_peers(peers, q, baseline, args))
-                        done += len(peers.settings())
                 rows.append({"question_id": q["question_id"], "category": q["category"],
                              "config": "target-only" if k == 0 else f"{drafter}:k={k}", "drafter": drafter, "k": k,
                              "generated_tokens": s.generated_tokens, "elapsed_s": s.elapsed_s,
@@ -132,6 +129,9 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
                       f"{s.generated_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
                       f"accept {s.acceptance_rate:4.2f}  per step {s.mean_accepted_per_step:4.2f}  "
                       f"(eta {eta:4.0f} s)", file=sys.stderr, flush=True)
+                if k == 0 and peers:   # the same prompt through the HF peers, right after our baseline
+                    rows.extend(_run_peers(peers, q, baseline, args))
+                    done += len(peers.settings())
     return rows
 
 
