@@ -13,23 +13,33 @@ Peers:
   row per N in --peer-lookup-tokens; the summary names the best.
 - `hf:assisted=N`: assisted generation with the draft model as
   `assistant_model`, N tokens per step (`num_assistant_tokens`, constant
-  schedule, HF's default confidence threshold), one row per N. Only for a
-  draft that is a plain causal LM over the target's whole vocabulary; any
-  other draft is reported as skipped with the reason.
+  schedule, HF's default confidence threshold), one row per N. A plain
+  full-vocabulary draft is used as it is. A distilled draft (a folder with
+  vocab_map.json: an LM over a subset of the target's tokens plus an input
+  "other" bucket) becomes an equivalent full-vocabulary HF model in memory
+  (`full_vocab_assistant`): its embedding gets one row per target token (the
+  subset's own rows, the "other" row for the rest) and its head scatters the
+  subset's logits into the target's vocabulary, every other token at the
+  lowest float. The head still costs what the subset's does, so HF pays what
+  we pay per draft token. A draft that fits neither is skipped with the reason.
 
 Steps are counted as the target's forward passes (a hook), so committed
 tokens per step are comparable with ours.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 
 log = logging.getLogger("specmesh.bench")
 
 PEERS = ("hf",)
+VOCAB_MAP_FILE = "vocab_map.json"   # marks a distilled draft folder (specmesh.distilled)
 
 
 def add_arguments(p) -> None:
@@ -75,9 +85,12 @@ class HFPeers:
         draft, skipped = None, []
         if draft_model:
             try:
-                draft = load_model(draft_model)
-                check_same_vocab(draft.info, target.info)
-            except (VocabularyMismatch, Exception) as err:   # noqa: BLE001 - a reduced-vocab draft is not an HF LM
+                if (Path(draft_model).expanduser() / VOCAB_MAP_FILE).is_file():
+                    draft = full_vocab_assistant(Path(draft_model).expanduser(), target.info)
+                else:
+                    draft = load_model(draft_model)
+                    check_same_vocab(draft.info, target.info)
+            except (VocabularyMismatch, Exception) as err:   # noqa: BLE001 - reported, and the other peers run
                 skipped.append(f"hf:assisted: draft {draft_model!r} is not a plain full-vocabulary LM "
                                f"for this target ({err})")
                 draft = None
@@ -146,6 +159,51 @@ class HFPeers:
                          "same_as_target_only": (new == baseline_ids) if baseline_ids is not None and not self.temperature
                          else None})
         return rows
+
+
+def full_vocab_assistant(folder: Path, target_info) -> SimpleNamespace:
+    """A distilled draft folder -> an HF causal LM over the target's whole vocabulary, same predictions.
+
+    Reads vocab_map.json (format specmesh-distilled-draft/1: draft id -> target id,
+    one extra input-only "other" id) and refuses a map made for another target.
+    """
+    import torch
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    class ScatterHead(nn.Module):
+        """A reduced-vocabulary output head seen as a full-vocabulary one: [..., H] -> [..., V_target]."""
+
+        def __init__(self, head: nn.Module, draft_to_target: torch.Tensor, target_vocab_size: int):
+            super().__init__()
+            self.head = head
+            self.register_buffer("draft_to_target", draft_to_target)      # [n_out] target ids
+            self.target_vocab_size = target_vocab_size
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            small = self.head(hidden)[..., :len(self.draft_to_target)]      # [..., n_out]; drops "other"
+            out = small.new_full((*small.shape[:-1], self.target_vocab_size), torch.finfo(small.dtype).min)
+            out[..., self.draft_to_target] = small
+            return out                                                      # [..., V_target]
+
+    raw = json.loads((folder / VOCAB_MAP_FILE).read_text())
+    if (raw["target_fingerprint"], int(raw["target_vocab_size"])) != (target_info.vocab_fingerprint,
+                                                                       target_info.vocab_size):
+        raise ValueError(f"its vocabulary map was made for {raw.get('target_name')!r}, not {target_info.name!r}")
+    draft_to_target = torch.tensor(raw["draft_to_target"], dtype=torch.long)          # [n_out]
+    n_out, vocab = len(draft_to_target), target_info.vocab_size
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().requires_grad_(False)
+    small_embedding = model.get_input_embeddings().weight.detach()                     # [n_out + 1, H]
+    target_to_draft = torch.full((vocab,), n_out, dtype=torch.long)                   # "other" by default
+    target_to_draft[draft_to_target] = torch.arange(n_out)
+    embedding = nn.Embedding(vocab, small_embedding.shape[1])
+    embedding.weight = nn.Parameter(small_embedding[target_to_draft].clone(), requires_grad=False)  # [V_target, H]
+    head = model.get_output_embeddings()
+    model.config.tie_word_embeddings = False
+    model.set_input_embeddings(embedding)
+    model.lm_head = ScatterHead(head, draft_to_target, vocab)
+    model.config.vocab_size = vocab
+    return SimpleNamespace(model=model, info=target_info)
 
 
 def best_peer(summary: list[dict], prefix: str, category: str = "overall") -> dict | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from specmesh.models import DEFAULT_MODEL
 
 # The ways a model's linear layers can run: see specmesh/fast_linear.py.
-LINEAR_KERNELS = ("packed", "stock", "int8-weight", "int8-dynamic")
+LINEAR_KERNELS = ("packed", "stock", "int8-dynamic")
 
 
 def _check_kernels(config) -> None:
@@ -70,8 +70,8 @@ class VerifierConfig:
     # weights pre-packed once for oneDNN, so a (k + 1)-token Verify costs ~1.05x
     # a 1-token step instead of 1.5-2x with stock MKL on CPU (same outputs to
     # float rounding; +1 copy of the weights, ~1-2 s at start-up; a no-op on
-    # GPUs and non-fp32). "stock": torch's nn.Linear. "int8-weight" /
-    # "int8-dynamic" quantize the target: a different model, only on request.
+    # GPUs and non-fp32). "stock": torch's nn.Linear. "int8-dynamic" quantizes
+    # the target: a different model, so only on request.
     linear_kernels: str = "packed"
     metrics_port: int | None = None
 

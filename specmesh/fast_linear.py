@@ -90,7 +90,7 @@ def apply_kernels(model: nn.Module, kernels: str) -> None:
 
     "packed": PackedLinear where it applies (CPU, fp32; a no-op elsewhere), same outputs.
     "stock": torch's own nn.Linear.
-    "int8-weight" / "int8-dynamic": specmesh.quantize; a different model, so never a silent default.
+    "int8-dynamic": specmesh.quantize; a different model, so never a silent default for a target.
     """
     from specmesh.config import LINEAR_KERNELS
 
@@ -98,7 +98,7 @@ def apply_kernels(model: nn.Module, kernels: str) -> None:
         raise ValueError(f"unknown linear kernels {kernels!r}; choose one of {', '.join(LINEAR_KERNELS)}")
     if kernels == "packed":
         pack_linears(model)
-    elif kernels.startswith("int8"):
+    elif kernels == "int8-dynamic":
         from specmesh.quantize import quantize_linears
 
         quantize_linears(model, kernels)

@@ -56,3 +56,63 @@ def test_a_draft_of_another_vocabulary_is_skipped_with_the_reason(tiny_models):
                                      threads=1)
     assert [name for name, _ in peers.settings()] == ["hf:generate", "hf:lookup=3"]
     assert "not a plain full-vocabulary LM" in peers.skipped[0] and "other" in peers.skipped[0]
+
+
+def _distilled_like_draft(folder, target_info, draft_to_target, fingerprint=None):
+    """A folder in the distilled-draft format: an LM over len(draft_to_target) + 1 ids and vocab_map.json."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    config = LlamaConfig(vocab_size=len(draft_to_target) + 1, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                         tie_word_embeddings=True, initializer_range=0.5)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    (folder / "vocab_map.json").write_text(json.dumps({
+        "format": "specmesh-distilled-draft/1", "target_name": target_info.name,
+        "target_vocab_size": target_info.vocab_size, "target_fingerprint": fingerprint or target_info.vocab_fingerprint,
+        "eos_token_ids": list(target_info.eos_token_ids), "max_context": 512, "draft_to_target": draft_to_target}))
+    return folder
+
+
+def test_a_distilled_draft_becomes_an_equivalent_full_vocabulary_assistant(tmp_path, tiny_models):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specmesh.models import load_model
+
+    target = load_model(str(tiny_models["target"]))
+    subset = [2, 7, 5, 11, 20, 30, 31, 40]                         # includes EOS (2)
+    folder = _distilled_like_draft(tmp_path / "draft", target.info, subset)
+    small = AutoModelForCausalLM.from_pretrained(folder).eval()
+    full = bench_peers.full_vocab_assistant(folder, target.info).model
+
+    target_ids = torch.tensor([[7, 5, 3, 40, 9, 11]])              # 3 and 9 are outside the subset
+    to_draft = {t: i for i, t in enumerate(subset)}
+    draft_ids = torch.tensor([[to_draft.get(t, len(subset)) for t in target_ids[0].tolist()]])
+    with torch.inference_mode():
+        small_logits = small(draft_ids).logits                     # [1, 6, n + 1]
+        full_logits = full(target_ids).logits                      # [1, 6, V_target]
+    assert full_logits.shape[-1] == target.info.vocab_size
+    assert torch.allclose(full_logits[..., subset], small_logits[..., :len(subset)], atol=1e-5)
+    outside = torch.ones(target.info.vocab_size, dtype=torch.bool)
+    outside[subset] = False
+    assert bool((full_logits[..., outside] == torch.finfo(torch.float32).min).all())
+
+    # Assisted generation with it stays the target's greedy output, and really runs the assistant.
+    peers = bench_peers.HFPeers.load(str(tiny_models["target"]), str(folder), [], [3], 0.0, threads=1)
+    assert [name for name, _ in peers.settings()] == ["hf:generate", "hf:assisted=3"]
+    prompt = target.tokenizer("the cat sat on the mat").input_ids
+    plain = peers.generate(prompt, 20, {}, seed=0)[0]
+    assisted = peers.generate(prompt, 20, dict(peers.settings()[1][1]), seed=0)[0]
+    assert assisted == plain
+
+
+def test_a_distilled_draft_for_another_target_is_skipped(tmp_path, tiny_models):
+    from specmesh.models import load_model
+
+    info = load_model(str(tiny_models["target"])).info
+    folder = _distilled_like_draft(tmp_path / "draft", info, [2, 7, 5], fingerprint="0123456789abcdef")
+    peers = bench_peers.HFPeers.load(str(tiny_models["target"]), str(folder), [], [3], 0.0, threads=1)
+    assert [name for name, _ in peers.settings()] == ["hf:generate"]
+    assert "vocabulary map was made for" in peers.skipped[0]

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--methods", default="none,int8-weight,int8-dynamic")
+    parser.add_argument("--methods", default="none,int8-dynamic")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
