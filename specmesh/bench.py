@@ -225,7 +225,8 @@ def plot(summary: list[dict], path: Path) -> None:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=45, ha="right")
         ax.set_title(title)
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.legend()
+    # One legend beside the plots: with the peers there are too many bars to leave room inside.
+    ax2.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -18,8 +18,11 @@ import argparse
 import statistics
 import time
 
+from pathlib import Path
+
 import torch
 
+from specmesh import bench_peers
 from specmesh.kv import KVSession
 from specmesh.models import load_model
 from specmesh.quantize import quantize_linears
@@ -58,16 +61,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    target = load_model(args.target)
     drafts = {}
     for method in args.methods.split(","):
-        model = load_model(args.draft).model
+        if (Path(args.draft) / bench_peers.VOCAB_MAP_FILE).is_file():   # a distilled (reduced-vocabulary) draft
+            model = bench_peers.full_vocab_assistant(Path(args.draft), target.info).model
+        else:
+            model = load_model(args.draft).model
         started = time.monotonic()
         quantize_linears(model, method)
         print(f"{method}: quantized in {time.monotonic() - started:.2f} s")
         drafts[method] = model
 
     # --- cost per draft token
-    ctx = torch.randint(0, 49152, (400,), generator=torch.Generator().manual_seed(0)).tolist()
+    ctx = torch.randint(0, target.info.vocab_size, (400,), generator=torch.Generator().manual_seed(0)).tolist()
     sessions = {}
     for name, model in drafts.items():
         s = KVSession(name, model)
@@ -88,7 +95,6 @@ def main() -> None:
         print(f"cost per draft token  {name:<13} {m * 1e3:6.2f} ms  ({m / base:.2f}x of {next(iter(drafts))})")
 
     # --- acceptance on the target's own greedy continuations
-    target = load_model(args.target)
     tok = target.tokenizer
     greedy = {name: [] for name in drafts}
     overlap = {name: [] for name in drafts}
