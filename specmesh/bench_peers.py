@@ -192,7 +192,14 @@ def full_vocab_assistant(folder: Path, target_info) -> SimpleNamespace:
         raise ValueError(f"its vocabulary map was made for {raw.get('target_name')!r}, not {target_info.name!r}")
     draft_to_target = torch.tensor(raw["draft_to_target"], dtype=torch.long)          # [n_out]
     n_out, vocab = len(draft_to_target), target_info.vocab_size
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().requires_grad_(False)
+    try:   # the draft service's own loader reads every storage format `specmesh distill` writes (int8 too)
+        from specmesh.distilled import load_draft
+    except ImportError:
+        load_draft = None
+    if load_draft is not None:
+        model = load_draft(str(folder), target=target_info).model
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().requires_grad_(False)
     small_embedding = model.get_input_embeddings().weight.detach()                     # [n_out + 1, H]
     target_to_draft = torch.full((vocab,), n_out, dtype=torch.long)                   # "other" by default
     target_to_draft[draft_to_target] = torch.arange(n_out)
