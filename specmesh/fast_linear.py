@@ -2,16 +2,17 @@
 
 A Verify feeds k + 1 tokens: every nn.Linear becomes a thin matrix multiply
 (M = 2..9 rows against a 576 x 1536 or 576 x 49152 weight). torch sends that
-to MKL sgemm, which copies ("packs") the whole weight into its blocked layout
-on every call: all weights are read and written once more per forward pass,
-and a 5-token forward of SmolLM2-135M costs 1.6-2.5x a 1-token one (a 1-token
-forward is a matrix-vector product, which needs no packing).
+to MKL sgemm, which re-packs the weight into its blocked layout on every call
+(all weights read and written once more per forward pass, as far as the
+timings tell), and a 5-token forward of SmolLM2-135M costs 1.5-2x a 1-token
+one (a 1-token forward is a matrix-vector product, which needs no packing).
 
 oneDNN can pack a weight once (`mkldnn._reorder_linear_weight`) and then run
 any M against the packed copy (`mkldnn._linear_pointwise`; the ops torch's
-inductor uses for frozen CPU graphs). Measured on this CPU (scripts/verify_cost.py
-in docs/benchmarks.md) its cost hardly grows with M. For M = 1 plain F.linear
-(MKL's matrix-vector path) is as fast or faster, so single rows keep it.
+inductor uses for frozen CPU graphs). Measured with tools/verify_cost.py
+(figures in docs/benchmarks.md) its cost hardly grows with M: 5 tokens cost
+1.01-1.06x one. For M = 1 plain F.linear (MKL's matrix-vector path) measured
+as fast, so single rows keep it (and give exactly the stock model's kernel).
 
 The outputs are the same function computed by a different kernel: logits
 agree to float rounding (~1e-5 relative), as they already do between the
@@ -19,7 +20,7 @@ agree to float rounding (~1e-5 relative), as they already do between the
 
 Cost: one packed copy of every Linear weight is kept next to the original
 (the original stays: the M = 1 path reads it, the output head shares it with
-the token embedding). For SmolLM2-135M that is +540 MB and ~0.3 s at start-up.
+the token embedding). For SmolLM2-135M that is +540 MB and 1.5-2 s at start-up.
 """
 from __future__ import annotations
 
