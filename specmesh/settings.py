@@ -22,9 +22,9 @@ from typing import Any, Mapping
 ENV_PREFIX = "SPECMESH_"
 
 
-def setting(default: Any, help: str, *, env: str | None = None) -> Any:
-    """A settings field: its default and why (shown by --help and in the docs)."""
-    return dataclasses.field(default=default, metadata={"help": help, "env": env})
+def setting(default: Any, help: str, *, env: str | None = None, choices: tuple | None = None) -> Any:
+    """A settings field: its default and why (shown by --help and in the docs), and its allowed values."""
+    return dataclasses.field(default=default, metadata={"help": help, "env": env, "choices": choices})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Setting:
     default: Any
     help: str
     env: str | None            # None: no environment variable (command options)
+    choices: tuple | None = None
 
     @property
     def flag(self) -> str:
@@ -50,9 +51,12 @@ class Setting:
                 if lowered not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                     raise ValueError(text)
                 return lowered in ("1", "true", "yes", "on")
-            return self.type(text)
+            value = self.type(text)
         except ValueError:
             raise ValueError(f"{self.flag} / {self.env or '-'}: expected {self.type.__name__}, got {text!r}") from None
+        if self.choices and value not in self.choices:
+            raise ValueError(f"{self.flag} / {self.env or '-'}: must be one of {', '.join(self.choices)}, got {text!r}")
+        return value
 
 
 def settings_of(cls, env_prefix: str | None = ENV_PREFIX) -> list[Setting]:
@@ -62,7 +66,8 @@ def settings_of(cls, env_prefix: str | None = ENV_PREFIX) -> list[Setting]:
     for f in dataclasses.fields(cls):
         base, optional = _unwrap(hints[f.name])
         env = f.metadata.get("env") or (env_prefix + f.name.upper() if env_prefix else None)
-        out.append(Setting(f.name, base, optional, f.default, f.metadata.get("help", ""), env))
+        out.append(Setting(f.name, base, optional, f.default, f.metadata.get("help", ""), env,
+                           f.metadata.get("choices")))
     return out
 
 

@@ -19,6 +19,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from specmesh_cli import bench_peers
+
 log = logging.getLogger("specmesh.bench")
 
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "spec_bench_questions.jsonl"
@@ -40,6 +42,7 @@ def add_arguments(p) -> None:
                    help="run every prompt and configuration this many times, interleaved (less noise)")
     p.add_argument("--no-chat", action="store_true", help="send the raw question instead of a chat turn")
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for json, csv and png")
+    bench_peers.add_arguments(p)
 
 
 def load_questions(path: Path, categories: list[str], per_category: int, ids: list[int]) -> list[dict]:
@@ -97,10 +100,11 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
     from specmesh.client import Client
 
     rows = []
+    peers = _load_peers(args)
     with Client(address) as client:
         # One untimed request so that lazy initialisation is not billed to the first prompt.
         client.generate("Hello", chat=not args.no_chat, max_new_tokens=4, k=0)
-        total = len(questions) * (len(configs) + 1) * args.repeats
+        total = len(questions) * (len(configs) + 1 + (len(peers.settings()) if peers else 0)) * args.repeats
         done = 0
         started = time.perf_counter()
         for q in [q for q in questions for _ in range(args.repeats)]:
@@ -125,6 +129,33 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
                       f"{s.committed_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
                       f"accept {s.acceptance_rate:4.2f}  per step {s.committed_per_step:4.2f}  "
                       f"(eta {eta:4.0f} s)", file=sys.stderr, flush=True)
+                if k == 0 and peers:   # the same prompt through the HF peers, right after our baseline
+                    rows.extend(_run_peers(peers, q, baseline, args))
+                    done += len(peers.settings())
+    return rows
+
+
+def _load_peers(args) -> "bench_peers.HFPeers | None":
+    if not getattr(args, "peers", ""):
+        return None
+    lookup = [int(n) for n in args.peer_lookup_tokens.split(",") if n.strip()]
+    assistant = [int(n) for n in args.peer_assistant_tokens.split(",") if n.strip()] or sorted(
+        {k for _, k in parse_configs(args.configs) if k}) or [4]
+    return bench_peers.HFPeers.load(args.model, args.draft_model, lookup, assistant, args.temperature)
+
+
+def _run_peers(peers, q: dict, baseline, args) -> list[dict]:
+    from orchestrator.requests import tokenize_prompt
+    from specmesh.client import build_request
+
+    # The orchestrator's own tokenization: the peers see exactly our prompt ids.
+    prompt_ids = tokenize_prompt(build_request(q["turns"][0], chat=not args.no_chat), peers.target.tokenizer)
+    rows = peers.run_prompt(prompt_ids, q, baseline.token_ids, args.max_new_tokens)
+    for r in rows:
+        same = {True: "same", False: "DIFFERENT", None: "-"}[r["same_as_target_only"]]
+        print(f"[peer] q{q['question_id']} {q['category']:<14} {r['config']:<14} {r['committed_tokens']:4d} tok "
+              f"{r['tokens_per_second']:6.1f} tok/s  per step {r['committed_per_step']:4.2f}  {same}",
+              file=sys.stderr, flush=True)
     return rows
 
 
@@ -139,8 +170,7 @@ def summarize(rows: list[dict], configs: list[tuple[str, int]]) -> list[dict]:
     for cat in categories:
         base = by[(cat, "target-only")]
         base_tps = sum(r["committed_tokens"] for r in base) / sum(r["elapsed_s"] for r in base)
-        for drafter, k in configs:
-            name = f"{drafter}:k={k}"
+        for name in [c for c in dict.fromkeys(r["config"] for r in rows) if c != "target-only"]:
             spec = by[(cat, name)]
             tps = sum(r["committed_tokens"] for r in spec) / sum(r["elapsed_s"] for r in spec)
             drafted = sum(r["draft_tokens"] for r in spec)
@@ -150,7 +180,7 @@ def summarize(rows: list[dict], configs: list[tuple[str, int]]) -> list[dict]:
                             "acceptance_rate": sum(r["accepted_tokens"] for r in spec) / drafted if drafted else 0.0,
                             "committed_per_step": sum(r["committed_tokens"] for r in spec)
                             / max(1, sum(r["steps"] for r in spec)),
-                            "outputs_equal_target_only": all(r["same_as_target_only"] for r in spec)})
+                            "outputs_equal_target_only": all(r["same_as_target_only"] is not False for r in spec)})
     return summary
 
 
@@ -162,14 +192,16 @@ def report(rows: list[dict], configs: list[tuple[str, int]], out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    header = (f"{'category':<15}{'config':<13}{'prompts':>8}{'base tok/s':>11}{'spec tok/s':>11}{'speedup':>9}"
+    header = (f"{'category':<15}{'config':<17}{'prompts':>8}{'base tok/s':>11}{'spec tok/s':>11}{'speedup':>9}"
               f"{'accept':>8}{'tok/step':>9}  same output")
     print(header)
     print("-" * len(header))
     for s in summary:
-        print(f"{s['category']:<15}{s['config']:<13}{s['prompts']:>8}{s['target_only_tokens_per_second']:>11.1f}"
+        print(f"{s['category']:<15}{s['config']:<17}{s['prompts']:>8}{s['target_only_tokens_per_second']:>11.1f}"
               f"{s['tokens_per_second']:>11.1f}{s['speedup']:>8.2f}x{s['acceptance_rate']:>8.2f}"
               f"{s['committed_per_step']:>9.2f}  {'yes' if s['outputs_equal_target_only'] else 'NO'}")
+    for line in bench_peers.comparison_lines(summary):
+        print(line)
     plot(summary, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'speedup.png'}")
 
@@ -193,7 +225,8 @@ def plot(summary: list[dict], path: Path) -> None:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=45, ha="right")
         ax.set_title(title)
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.legend()
+    # One legend beside the plots: with the peers there are too many bars to leave room inside.
+    ax2.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

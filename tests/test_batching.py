@@ -13,9 +13,14 @@ from specmesh.models import load_model
 from verifier_service.batching import batched_forward
 
 
-@pytest.fixture(scope="module")
-def target(tiny_models):
-    return load_model(str(tiny_models["target"]))
+@pytest.fixture(scope="module", params=["stock", "packed"])
+def target(tiny_models, request):
+    """The tiny target with torch's linear layers and with the verifier's default pre-packed ones."""
+    from specmesh.fast_linear import apply_kernels
+
+    loaded = load_model(str(tiny_models["target"]))
+    apply_kernels(loaded.model, request.param)
+    return loaded
 
 
 def _session(model, tokens, name):

@@ -38,7 +38,7 @@ def test_every_field_has_a_flag_an_env_name_and_help(tier):
 def test_every_field_is_read_from_its_environment_variable_and_its_flag(tier):
     cls = SERVICE_CONFIGS[tier]
     for s in settings.settings_of(cls):
-        text, value = SAMPLE[s.type]
+        text, value = (s.choices[-1], s.choices[-1]) if s.choices else SAMPLE[s.type]
         assert getattr(settings.build(cls, {}, environ={s.env: text}), s.name) == value, s.env
         args = _tier_parser(tier).parse_args([s.flag, text] if s.type is not bool else [s.flag])
         assert getattr(settings.build(cls, args, environ={}), s.name) == value, s.flag

@@ -26,7 +26,7 @@ from specmesh.client import Client, Completion, build_request
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 from specmesh.v1 import verifier_pb2, verifier_pb2_grpc
-from tests.otlp_collector import Collector
+from tools.otlp_collector import Collector
 
 GENERATE = "/specmesh.v1.Orchestrator/Generate"
 PROPOSE = "/specmesh.v1.Draft/Propose"

@@ -5,6 +5,7 @@ import asyncio
 import logging
 
 from specmesh.config import VerifierConfig
+from specmesh.fast_linear import apply_kernels
 from specmesh.models import load_model
 from specmesh import auth, telemetry
 from specmesh.engine_host import EngineHost
@@ -26,6 +27,7 @@ async def serve(config: VerifierConfig) -> None:
     servicer = VerifierServicer(host, VerifyBatcher(host, config.max_batch, config.batch_window_ms / 1000))
     await runtime.start(lambda server: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server))
     loaded = await asyncio.to_thread(load_model, config.model, device=config.device, dtype=config.dtype)
+    await asyncio.to_thread(apply_kernels, loaded.model, config.linear_kernels)
     host.engine = TargetEngine(loaded, config)
     await runtime.set_serving(True)
     log.info("verifier SERVING %s on port %d", loaded.info.name, runtime.port)

@@ -8,6 +8,7 @@ and only O(top_n) numbers per position go on the wire).
 from __future__ import annotations
 
 from specmesh.config import DraftConfig
+from specmesh.fast_linear import apply_kernels
 from specmesh.kv import KVSession
 from specmesh.models import load_model
 from specmesh.proposal import DraftProposal
@@ -31,7 +32,9 @@ class ModelDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "ModelDrafter | None":
         if not config.draft_model:
             return None
-        return cls(load_model(config.draft_model, device=config.device))
+        loaded = load_model(config.draft_model, device=config.device)
+        apply_kernels(loaded.model, config.linear_kernels)
+        return cls(loaded)
 
     def new_state(self, session_id: str) -> KVSession:
         return KVSession(session_id, self.model)

@@ -1,5 +1,5 @@
-"""A minimal OTLP/gRPC trace collector for tests: the services export to it with
-the real OTLP exporter (OTEL_TRACES_EXPORTER=otlp), and tests read the spans back."""
+"""A minimal OTLP/gRPC trace collector for tests and tools: the services export to it
+with the real OTLP exporter (OTEL_TRACES_EXPORTER=otlp), and the spans are read back."""
 from __future__ import annotations
 
 import threading

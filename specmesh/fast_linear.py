@@ -1,0 +1,105 @@
+"""Pre-packed fp32 weights for the CPU, so a (k + 1)-token verify costs about what a 1-token step does.
+
+A Verify feeds k + 1 tokens: every nn.Linear becomes a thin matrix multiply
+(M = 2..9 rows against a 576 x 1536 or 576 x 49152 weight). torch sends that
+to MKL sgemm, which re-packs the weight into its blocked layout on every call
+(all weights read and written once more per forward pass, as far as the
+timings tell), and a 5-token forward of SmolLM2-135M costs 1.5-2x a 1-token
+one (a 1-token forward is a matrix-vector product, which needs no packing).
+
+oneDNN can pack a weight once (`mkldnn._reorder_linear_weight`) and then run
+any M against the packed copy (`mkldnn._linear_pointwise`; the ops torch's
+inductor uses for frozen CPU graphs). Measured with tools/verify_cost.py
+(figures in docs/benchmarks.md) its cost hardly grows with M: 5 tokens cost
+1.01-1.06x one. For M = 1 plain F.linear (MKL's matrix-vector path) measured
+as fast, so single rows keep it (and give exactly the stock model's kernel).
+
+The outputs are the same function computed by a different kernel: logits
+agree to float rounding (~1e-5 relative), as they already do between the
+1-token and the (k + 1)-token forward of the stock model.
+
+Cost: one packed copy of every Linear weight is kept next to the original
+(the original stays: the M = 1 path reads it, the output head shares it with
+the token embedding). For SmolLM2-135M that is +540 MB and 1.5-2 s at start-up.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger("specmesh.fast_linear")
+
+__all__ = ["PackedLinear", "available", "pack_linears"]
+
+
+def available(model: nn.Module) -> bool:
+    """Pre-packing applies to fp32 models on the CPU with a oneDNN-enabled torch."""
+    try:
+        param = next(model.parameters())
+    except StopIteration:
+        return False
+    return (param.device.type == "cpu" and param.dtype == torch.float32
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear whose weight also lives in oneDNN's packed layout; same outputs."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight      # the same Parameter: ties (lm_head = embedding) survive
+        self.bias = linear.bias
+        with torch.no_grad():
+            # A buffer, not a Parameter: it is derived, and must not show up in state_dict.
+            self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
+                                 persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:      # [..., in] -> [..., out]
+        if x.numel() == self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)        # one row: MKL's matrix-vector path is fastest
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear of a CPU fp32 model by a PackedLinear, in place.
+
+    Returns how many were replaced (0 where packing does not apply: another
+    device or dtype, or a torch without oneDNN).
+    """
+    if not available(model):
+        return 0
+    started = time.monotonic()
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children() if type(child) is nn.Linear]
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child))
+    log.info("pre-packed %d linear weights for oneDNN in %.2f s", len(targets), time.monotonic() - started)
+    return len(targets)
+
+
+def apply_kernels(model: nn.Module, kernels: str) -> None:
+    """Set up a loaded model's linear layers as `kernels` names (one call, at model load).
+
+    "packed": PackedLinear where it applies (CPU, fp32; a no-op elsewhere), same outputs.
+    "stock": torch's own nn.Linear.
+    "int8-dynamic": specmesh.quantize; a different model, so never a silent default for a target.
+    """
+    from specmesh.config import LINEAR_KERNELS
+
+    if kernels not in LINEAR_KERNELS:
+        raise ValueError(f"unknown linear kernels {kernels!r}; choose one of {', '.join(LINEAR_KERNELS)}")
+    if kernels == "packed":
+        pack_linears(model)
+    elif kernels == "int8-dynamic":
+        from specmesh.quantize import quantize_linears
+
+        quantize_linears(model, kernels)

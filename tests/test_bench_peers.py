@@ -1,0 +1,118 @@
+"""`specmesh bench --peers hf` on tiny random models: the HF peers run the same prompts
+as our services and give the same greedy tokens (no timing is asserted)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from specmesh_cli import bench, bench_peers
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["hello world, hello world, hello"]},
+    {"question_id": 2, "category": "coding", "turns": ["abc abc abc abc 123"]},
+]
+
+
+@pytest.fixture
+def bench_args(tmp_path, tiny_models):
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(["--questions", str(path), "--model", str(tiny_models["target"]),
+                              "--draft-model", str(tiny_models["draft"]), "--max-new-tokens", "24",
+                              "--configs", "model:3,ngram:2", "--peers", "hf", "--peer-lookup-tokens", "2,5",
+                              "--out", str(tmp_path / "out")])
+
+
+def test_peers_run_interleaved_and_match_greedy_output(tiny_cluster, bench_args, capsys):
+    questions = bench.load_questions(bench_args.questions, [], 1, [])
+    rows = bench.measure(tiny_cluster.address, questions, bench.parse_configs(bench_args.configs), bench_args)
+
+    peer_configs = ["hf:generate", "hf:lookup=2", "hf:lookup=5", "hf:assisted=2", "hf:assisted=3"]
+    for q in QUESTIONS:
+        configs = [r["config"] for r in rows if r["question_id"] == q["question_id"]]
+        assert configs == ["target-only", *peer_configs, "model:k=3", "ngram:k=2"]
+    peers = [r for r in rows if r["config"].startswith("hf:")]
+    assert all(r["same_as_target_only"] is True for r in peers), [(r["config"], r["question_id"]) for r in peers]
+    assert all(r["committed_tokens"] > 0 and r["steps"] > 0 for r in peers)
+    # The assistant (the same draft as ours) commits more than one token per target forward somewhere.
+    assert max(r["committed_per_step"] for r in peers if r["config"].startswith("hf:assisted")) > 1.0
+    assert all(r["committed_per_step"] == pytest.approx(1.0, abs=0.05) for r in peers if r["config"] == "hf:generate")
+
+    bench.report(rows, bench.parse_configs(bench_args.configs), bench_args.out)
+    printed = capsys.readouterr().out
+    summary = json.loads((bench_args.out / "results.json").read_text())["summary"]
+    for category in ("writing", "coding", "overall"):
+        assert {s["config"] for s in summary if s["category"] == category} >= {*peer_configs, "model:k=3"}
+    assert "hf:lookup" in printed and "best setting" in printed
+    assert (bench_args.out / "speedup.png").stat().st_size > 0
+
+
+def test_a_draft_of_another_vocabulary_is_skipped_with_the_reason(tiny_models):
+    peers = bench_peers.HFPeers.load(str(tiny_models["target"]), str(tiny_models["other_vocab"]), [3], [2], 0.0,
+                                     threads=1)
+    assert [name for name, _ in peers.settings()] == ["hf:generate", "hf:lookup=3"]
+    assert "not a plain full-vocabulary LM" in peers.skipped[0] and "other" in peers.skipped[0]
+
+
+def _distilled_like_draft(folder, target_info, draft_to_target, fingerprint=None):
+    """A folder in the distilled-draft format: an LM over len(draft_to_target) + 1 ids and vocab_map.json."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    config = LlamaConfig(vocab_size=len(draft_to_target) + 1, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                         tie_word_embeddings=True, initializer_range=0.5)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    (folder / "vocab_map.json").write_text(json.dumps({
+        "format": "specmesh-distilled-draft/1", "target_name": target_info.name,
+        "target_vocab_size": target_info.vocab_size, "target_fingerprint": fingerprint or target_info.vocab_fingerprint,
+        "eos_token_ids": list(target_info.eos_token_ids), "max_context": 512, "draft_to_target": draft_to_target}))
+    return folder
+
+
+def test_a_distilled_draft_becomes_an_equivalent_full_vocabulary_assistant(tmp_path, tiny_models):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specmesh.models import load_model
+
+    target = load_model(str(tiny_models["target"]))
+    subset = [2, 7, 5, 11, 20, 30, 31, 40]                         # includes EOS (2)
+    folder = _distilled_like_draft(tmp_path / "draft", target.info, subset)
+    small = AutoModelForCausalLM.from_pretrained(folder).eval()
+    full = bench_peers.full_vocab_assistant(folder, target.info).model
+
+    target_ids = torch.tensor([[7, 5, 3, 40, 9, 11]])              # 3 and 9 are outside the subset
+    to_draft = {t: i for i, t in enumerate(subset)}
+    draft_ids = torch.tensor([[to_draft.get(t, len(subset)) for t in target_ids[0].tolist()]])
+    with torch.inference_mode():
+        small_logits = small(draft_ids).logits                     # [1, 6, n + 1]
+        full_logits = full(target_ids).logits                      # [1, 6, V_target]
+    assert full_logits.shape[-1] == target.info.vocab_size
+    assert torch.allclose(full_logits[..., subset], small_logits[..., :len(subset)], atol=1e-5)
+    outside = torch.ones(target.info.vocab_size, dtype=torch.bool)
+    outside[subset] = False
+    assert bool((full_logits[..., outside] == torch.finfo(torch.float32).min).all())
+
+    # Assisted generation with it stays the target's greedy output, and really runs the assistant.
+    peers = bench_peers.HFPeers.load(str(tiny_models["target"]), str(folder), [], [3], 0.0, threads=1)
+    assert [name for name, _ in peers.settings()] == ["hf:generate", "hf:assisted=3"]
+    prompt = target.tokenizer("the cat sat on the mat").input_ids
+    plain = peers.generate(prompt, 20, {}, seed=0)[0]
+    assisted = peers.generate(prompt, 20, dict(peers.settings()[1][1]), seed=0)[0]
+    assert assisted == plain
+
+
+def test_a_distilled_draft_for_another_target_is_skipped(tmp_path, tiny_models):
+    from specmesh.models import load_model
+
+    info = load_model(str(tiny_models["target"])).info
+    folder = _distilled_like_draft(tmp_path / "draft", info, [2, 7, 5], fingerprint="0123456789abcdef")
+    peers = bench_peers.HFPeers.load(str(tiny_models["target"]), str(folder), [], [3], 0.0, threads=1)
+    assert [name for name, _ in peers.settings()] == ["hf:generate"]
+    assert "vocabulary map was made for" in peers.skipped[0]

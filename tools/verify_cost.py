@@ -1,0 +1,98 @@
+"""Measure what a (k + 1)-token target forward costs next to a 1-token one, per kernel path.
+
+    PYTHONPATH=$PWD python tools/verify_cost.py --threads 1 --rounds 30
+
+Feeds T = 1, 2, 3, 5, 9 tokens after a ~400-token cached context through
+specmesh.kv.KVSession (exactly what a Verify does), for the stock model and
+the pre-packed one (specmesh.fast_linear), interleaved round by round so a
+noisy machine slows every variant alike; prints medians and ratios, and the
+largest logit difference between the variants.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specmesh import fast_linear
+from specmesh.kv import KVSession
+from specmesh.models import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--context", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--sizes", default="1,2,3,5,9")
+    parser.add_argument("--variants", default="stock,packed,packed-all")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    variants = {}
+    for name in args.variants.split(","):
+        model = load_model(args.model).model
+        started = time.monotonic()
+        if name.startswith("packed"):
+            fast_linear.pack_linears(model)
+        if name == "packed-all":   # oneDNN for single rows too, to show why M = 1 keeps F.linear
+            for module in model.modules():
+                if isinstance(module, fast_linear.PackedLinear):
+                    module.in_features = -1
+        print(f"{name}: set-up {time.monotonic() - started:.2f} s")
+        variants[name] = model
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = next(iter(variants.values())).config.vocab_size
+    context = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
+    extra = torch.randint(0, vocab, (max(sizes) - 1,), generator=gen).tolist()
+    sessions = {}
+    for name, model in variants.items():
+        s = KVSession(name, model)
+        s.sync(0, context)
+        s.forward()
+        sessions[name] = s
+
+    def run(name: str, t: int) -> tuple[float, torch.Tensor]:
+        s = sessions[name]
+        s.sync(args.context, [])       # roll back to the context: the last context token is fed again
+        began = time.perf_counter()
+        logits = s.forward(extra[:t - 1])
+        return time.perf_counter() - began, logits
+
+    reference = {t: run(next(iter(variants)), t)[1] for t in sizes}
+    for name in variants:
+        for t in sizes:
+            logits = run(name, t)[1]
+            diff = (logits - reference[t]).abs().max().item()
+            same = bool((logits.argmax(-1) == reference[t].argmax(-1)).all())
+            if name != next(iter(variants)):
+                print(f"{name} T={t}: max |logit diff| vs {next(iter(variants))} {diff:.2e}, argmax equal {same}")
+
+    times = {(n, t): [] for n in variants for t in sizes}
+    for _ in range(3):                 # warm-up
+        for n in variants:
+            for t in sizes:
+                run(n, t)
+    for r in range(args.rounds):
+        for t in sizes:
+            for n in variants:
+                times[(n, t)].append(run(n, t)[0])
+    base1 = statistics.median(times[(next(iter(variants)), 1)])
+    print(f"\nthreads={args.threads} context={args.context} rounds={args.rounds} (median ms; ratio to own T=1; ratio to stock T=1)")
+    print("variant      " + "".join(f"{'T=' + str(t):>22}" for t in sizes))
+    for n in variants:
+        one = statistics.median(times[(n, 1)])
+        cells = []
+        for t in sizes:
+            m = statistics.median(times[(n, t)])
+            cells.append(f"{m * 1e3:8.1f} {m / one:5.2f}x {m / base1:5.2f}x")
+        print(f"{n:<12} " + "".join(f"{c:>22}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
