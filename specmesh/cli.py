@@ -6,6 +6,7 @@
     specmesh serve draft|verifier|orchestrator    one tier alone
     specmesh generate PROMPT         stream a completion from a running orchestrator
     specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
+    specmesh distill --out DIR       train a draft model for a target by self-distillation
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def _add_model_flags(p: argparse.ArgumentParser, draft: bool = True) -> None:
     p.add_argument("--model", default=None, help="target model: 'smollm2' (default, embedded), an HF folder or hub id, "
                                                 "or a .gguf file [SPECMESH_MODEL]")
     if draft:
-        p.add_argument("--draft-model", default=None, help="draft model sharing the target's vocabulary; without one "
-                                                          "the n-gram drafter is used [SPECMESH_DRAFT_MODEL]")
+        p.add_argument("--draft-model", default=None, help="draft model sharing the target's vocabulary, or a shipped "
+                            "draft's name (smollm2-draft); default: the shipped draft of the default target, else "
+                            "none; 'none': n-gram only [SPECMESH_DRAFT_MODEL]")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,6 +110,11 @@ def _parser() -> argparse.ArgumentParser:
     from specmesh import bench
 
     bench.add_arguments(b)
+
+    dist = sub.add_parser("distill", help="train a draft model for a target by self-distillation")
+    from distill import run as distill_run
+
+    distill_run.add_arguments(dist)
     return parser
 
 
@@ -173,9 +180,11 @@ def summary(c) -> str:
 
 
 def _up(args, exit_after_demo: bool = False) -> int:
+    from specmesh.drafts import draft_for
     from specmesh.launcher import Cluster
 
-    cluster = Cluster(model=args.model, draft_model=args.draft_model, port=args.port, redis_url=args.redis_url,
+    cluster = Cluster(model=args.model, draft_model=draft_for(args.model, args.draft_model), port=args.port,
+                      redis_url=args.redis_url,
                       draft_replicas=args.draft_replicas, verifier_replicas=args.verifier_replicas,
                       metrics=args.metrics)
     stop = threading.Event()
@@ -224,6 +233,11 @@ def _demo(address: str, prompt: str, max_new_tokens: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "distill":
+        from distill import run as distill_run
+
+        logs.setup("distill")
+        return distill_run.main(args, list(argv if argv is not None else sys.argv[1:])[1:])
     logs.setup(args.command if args.command != "serve" else args.tier)
     if args.command == "serve":
         _serve(args)
