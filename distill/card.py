@@ -42,7 +42,7 @@ Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh u
   loss = {1 - args.kd_weight:.2f} x cross-entropy on the target's tokens + {args.kd_weight:.2f} x cross-entropy
   against its top-16 distribution; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},
   top-1 agreement {facts['last_step'].get('acc', float('nan')):.3f}.
-- size: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.1f} MB on disk (float16).
+- size: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.1f} MB on disk ({args.storage}).
 
 ## Measured acceptance (held-out prompts of the same generator, {data.n_heldout_prompts} answers, greedy)
 

@@ -93,7 +93,10 @@ def evaluate(args, target, model, vocab_map, data: Data, device: str) -> dict:
     import torch
 
     from distill.evaluate import evaluate as run_evaluation
-    from specmesh.distilled import DistilledDraft
+    from specmesh.distilled import DistilledDraft, fake_quantize
+
+    if args.storage == "int8":
+        fake_quantize(model)      # measure what ships
 
     draft = DistilledDraft(model, vocab_map, target.info, vocab_map.target_to_draft().to(device),
                            torch.tensor(vocab_map.draft_to_target, dtype=torch.long, device=device))
@@ -115,7 +118,8 @@ def save(args, argv, target, model, vocab_map, facts, report, timings, data: Dat
     n_params = sum(p.numel() for p in model.parameters())
     extra = dict(command=card.command_line(argv), seed=args.seed, steps=args.steps, facts=facts,
                  timings=timings.seconds, acceptance=report)
-    save_draft(folder, model.cpu(), vocab_map, card="", extra=json.loads(json.dumps(extra, default=str)))
+    save_draft(folder, model.cpu(), vocab_map, card="", extra=json.loads(json.dumps(extra, default=str)),
+               storage=args.storage)
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     (folder / "README.md").write_text(card.render(
         args=args, argv=argv, target_info=target.info, vocab_map=vocab_map, facts=facts, report=report,

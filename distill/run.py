@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
     p.add_argument("--kd-weight", type=float, default=DEFAULTS["kd_weight"],
                    help="weight of the soft (target top-k) loss; the rest is cross-entropy on the target's tokens")
+    p.add_argument("--storage", choices=("float16", "int8"), default="float16",
+                   help="weights on disk: float16, or int8 with a scale per row (half the size; the card's "
+                        "acceptance is measured with the int8-rounded weights)")
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps between checkpoints")
     p.add_argument("--stop-after", choices=("data", "train"), default=None,
                    help="stop after this phase (the work folder keeps it; run again without it to finish)")

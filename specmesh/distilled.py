@@ -3,7 +3,9 @@
 Folder layout (what `specmesh distill` writes and `--draft-model` loads):
 
     config.json          an ordinary transformers config; vocab_size = the draft's own vocabulary
-    model.safetensors    the weights (float16 on disk, float32 in memory)
+    model.safetensors    the weights, float16 on disk (float32 in memory), or
+    model.int8.safetensors  every matrix as int8 with one float16 scale per row (`--storage int8`:
+                         half the size; dequantized to float32 at load)
     vocab_map.json       which target the draft belongs to and draft id -> target id
     README.md            the model card: data, steps, seed, wall time, measured acceptance
 
@@ -108,7 +110,10 @@ def load_draft(spec: str, *, device: str = "cpu", target: ModelInfo | None = Non
     if target is not None:
         check_fits(vocab_map, str(folder), target)
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        if (folder / INT8_FILE).is_file():
+            model = _load_int8(folder)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     except Exception as err:  # noqa: BLE001 - any unreadable folder is one clear error
         raise ModelLoadError(f"could not load draft folder {folder}: {err}") from err
     rows = model.get_output_embeddings().weight.shape[0]
@@ -123,14 +128,18 @@ def load_draft(spec: str, *, device: str = "cpu", target: ModelInfo | None = Non
                           torch.tensor(vocab_map.draft_to_target, dtype=torch.long, device=device))
 
 
-def save_draft(folder: Path, model, vocab_map: VocabMap, card: str, extra: dict | None = None) -> None:
-    """Write the folder (float16 weights: half the size, and the draft only proposes)."""
+def save_draft(folder: Path, model, vocab_map: VocabMap, card: str, extra: dict | None = None,
+               storage: str = "float16") -> None:
+    """Write the folder (float16 or int8 weights: the draft only proposes, and the folder ships)."""
     folder.mkdir(parents=True, exist_ok=True)
-    half = model.to(torch.float16)
-    try:
-        half.save_pretrained(folder)
-    finally:
-        model.to(torch.float32)
+    if storage == "int8":
+        _save_int8(folder, model)
+    else:
+        half = model.to(torch.float16)
+        try:
+            half.save_pretrained(folder)
+        finally:
+            model.to(torch.float32)
     (folder / VOCAB_MAP_FILE).write_text(vocab_map.to_json())
     (folder / "README.md").write_text(card)
     if extra is not None:
@@ -144,3 +153,53 @@ def mask_other(logits: torch.Tensor) -> torch.Tensor:
 
 def to_target_ids(draft_to_target: torch.Tensor, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return draft_to_target[torch.as_tensor(ids, dtype=torch.long, device=draft_to_target.device)]
+
+
+INT8_FILE = "model.int8.safetensors"
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, C] float -> ([R, C] int8, [R, 1] float16 scale): symmetric, one scale per row."""
+    scale = (weight.float().abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-8).to(torch.float16)
+    q = torch.round(weight.float() / scale.float()).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def fake_quantize(model) -> None:
+    """Round every matrix in place as int8 storage would (so measured acceptance is the shipped one)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                q, scale = quantize_rows(param)
+                param.copy_(q.float() * scale.float())
+
+
+def _save_int8(folder: Path, model) -> None:
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(folder)
+    tensors = {}
+    for name, value in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue                      # the same matrix as the input embedding
+        if value.dim() == 2:
+            tensors[name], tensors[name + ".scale"] = quantize_rows(value)
+        else:
+            tensors[name] = value.to(torch.float16)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / INT8_FILE), metadata={"format": "pt"})
+
+
+def _load_int8(folder: Path):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    raw = load_file(str(folder / INT8_FILE))
+    state = {name: (value.float() * raw[name + ".scale"].float() if name + ".scale" in raw else value.float())
+             for name, value in raw.items() if not name.endswith(".scale")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ValueError(f"weights do not match the config (missing {missing}, unexpected {unexpected})")
+    model.tie_weights()
+    return model

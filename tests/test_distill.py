@@ -132,16 +132,17 @@ def test_existing_output_is_kept_without_force(tmp_path, tiny_models, capsys):
 
 
 def test_served_through_the_three_services(distilled, tiny_models, redis_url, tmp_path):
-    """The distilled draft serves as the `model` drafter: proposals come from its subset, are accepted
-    sometimes, and greedy output equals target-only decoding."""
+    """The distilled draft serves as the `model` drafter and inside `hybrid`: greedy output equals
+    target-only decoding."""
     out, _ = distilled
     with Cluster(model=str(tiny_models["target"]), draft_model=str(out), port=free_port(), redis_url=redis_url,
                  log_dir=tmp_path / "logs", startup_timeout_s=900) as cluster, Client(cluster.address) as client:
-        for prompt in ("the cat sat on the mat", "hello world, 12 apples"):
+        for prompt in ("the cat sat on the mat", "hello world, hello world, hello"):
             baseline = client.generate(prompt, max_new_tokens=24, k=0)
-            drafted = client.generate(prompt, max_new_tokens=24, k=4, drafter="model")
-            assert drafted.token_ids == baseline.token_ids
-            assert drafted.drafter == "model"
+            for drafter in ("model", "hybrid"):
+                drafted = client.generate(prompt, max_new_tokens=24, k=4, drafter=drafter)
+                assert drafted.token_ids == baseline.token_ids, drafter
+                assert drafted.drafter == drafter
 
 
 def test_proposals_live_on_the_subset(distilled, tiny_models):
@@ -201,3 +202,18 @@ def test_no_training_prompt_overlaps_a_bench_question():
             assert not any(mine == b or mine in b or (b and b in mine) for b in bench_norm), prompt.text
             shared = _ngrams(_words(prompt.text), 8) & bench_grams
             assert not shared, f"{prompt.text!r} shares {sorted(shared)[:3]} with a bench question"
+
+
+def test_int8_storage_round_trips(distilled, tiny_models, tmp_path):
+    from specmesh.distilled import INT8_FILE, save_draft
+
+    out, _ = distilled
+    draft = load_draft(str(out))
+    small = tmp_path / "int8"
+    save_draft(small, draft.model, draft.vocab_map, card="# int8\n", storage="int8")
+    assert (small / INT8_FILE).is_file() and not (small / "model.safetensors").exists()
+    again = load_draft(str(small))
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        a, b = draft.model(input_ids=ids).logits, again.model(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=0.05 * float(a.abs().max())), float((a - b).abs().max())

@@ -11,6 +11,7 @@ subset of it, whose proposals are mapped back to target ids.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -40,10 +41,7 @@ class ModelDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "ModelDrafter | None":
         if not config.draft_model or config.draft_model.strip().lower() == "none":
             return None
-        spec = resolve_draft(config.draft_model)
-        if is_distilled_draft(spec):
-            return DistilledDrafter(load_draft(spec, device=config.device))
-        return cls(load_model(spec, device=config.device))
+        return _load(config.draft_model, config.device)
 
     def new_state(self, session_id: str) -> KVSession:
         return KVSession(session_id, self.model)
@@ -93,6 +91,15 @@ class DistilledDrafter(ModelDrafter):
 
     def target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.draft_to_target[ids.to(self.draft_to_target.device)].cpu()
+
+
+@functools.lru_cache(maxsize=4)
+def _load(spec: str, device: str) -> ModelDrafter:
+    """One drafter per (model, device), shared by every drafter built on it (model, hybrid)."""
+    spec = resolve_draft(spec)
+    if is_distilled_draft(spec):
+        return DistilledDrafter(load_draft(spec, device=device))
+    return ModelDrafter(load_model(spec, device=device))
 
 
 class _MappedSession(KVSession):
