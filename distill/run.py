@@ -23,7 +23,7 @@ from pathlib import Path
 log = logging.getLogger("specmesh.distill")
 
 DEFAULTS = dict(prompts_per_category=24, heldout_per_category=4, max_new_tokens=128, batch_size=48,
-                greedy_fraction=0.6, temperature=0.8, vocab=8192, layers=1, steps=400, train_batch_tokens=2048,
+                greedy_fraction=0.6, temperature=0.8, vocab=8192, layers=2, steps=300, train_batch_tokens=1024,
                 lr=1e-3, kd_weight=0.5)
 
 

@@ -144,6 +144,8 @@ def save_draft(folder: Path, model, vocab_map: VocabMap, card: str, extra: dict 
     (folder / "README.md").write_text(card)
     if extra is not None:
         (folder / "distill.json").write_text(json.dumps(extra, indent=1))
+    for f in folder.iterdir():
+        f.chmod(0o644)      # safetensors writes owner-only files; the folder ships to every user
 
 
 def mask_other(logits: torch.Tensor) -> torch.Tensor:
