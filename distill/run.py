@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of prompts answered greedily; the rest are sampled at --temperature")
     p.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
     p.add_argument("--vocab", type=int, default=DEFAULTS["vocab"],
-                   help="draft vocabulary: the most frequent target output tokens, plus one 'other' input bucket")
+                   help="draft vocabulary, at most: the most frequent target output tokens seen in the data, "
+                        "plus one 'other' input bucket")
     p.add_argument("--layers", type=int, default=DEFAULTS["layers"], help="decoder layers, copied from the target's first")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps")
     p.add_argument("--train-batch-tokens", type=int, default=DEFAULTS["train_batch_tokens"],

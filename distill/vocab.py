@@ -11,9 +11,10 @@ from typing import Sequence
 
 
 def choose_vocab(examples: Sequence[dict], size: int, always: Sequence[int]) -> tuple[list[int], float]:
-    """The `size - 1` most frequent response tokens (plus `always`, e.g. EOS) -> (target ids, coverage).
+    """Up to `size - 1` of the most frequent response tokens (plus `always`, e.g. EOS) -> (target ids, coverage).
 
-    Ties are broken by prompt frequency, then by id, so the choice is deterministic.
+    Only tokens seen in the data (answers, then prompts) are candidates, so a small data set gives a
+    smaller vocabulary than asked for. Ties are broken by prompt frequency, then by id (deterministic).
     """
     outputs, inputs = Counter(), Counter()
     for e in examples:

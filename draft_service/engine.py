@@ -11,6 +11,7 @@ from specmesh.errors import InvalidArgument, check_token_ids
 from specmesh.kv import TokenHistory
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams
+from specmesh.drafts import default_drafter
 from draft_service.drafters import REGISTRY, Drafter
 
 log = logging.getLogger("specmesh.draft")
@@ -27,7 +28,7 @@ class DraftEngine:
         assert drafters, "a draft service needs at least one drafter"
         self.drafters = drafters
         self.max_k = config.max_k
-        self.default_drafter = config.default_drafter or ("model" if "model" in drafters else "ngram")
+        self.default_drafter = config.default_drafter or default_drafter(config.draft_model, set(drafters))
         if self.default_drafter not in drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not served here; "
                              f"available: {sorted(drafters)}")

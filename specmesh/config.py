@@ -21,7 +21,8 @@ class DraftConfig:
     draft_model: str | None = None
     device: str = "cpu"
     max_k: int = 8
-    # Which drafter answers a request that names none: the model when there is one.
+    # Which drafter answers a request that names none: the model when there is one, except for a
+    # shipped draft, whose measured choice is in specmesh.drafts.SHIPPED_DEFAULT_DRAFTER.
     default_drafter: str | None = None
     # Per-session state is cheap to lose (Redis can rebuild it), so bound it hard.
     max_sessions: int = 256

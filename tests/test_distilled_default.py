@@ -61,3 +61,11 @@ def test_greedy_equality_with_the_distilled_draft(distilled_cluster):
                 assert spec.drafter == "model"
                 accepted += spec.stats.accepted_tokens
     assert accepted > 0
+
+
+def test_requests_naming_no_drafter_get_the_measured_choice():
+    from specmesh.drafts import default_drafter
+
+    assert default_drafter("smollm2-draft", {"ngram", "model", "hybrid"}) == "ngram"
+    assert default_drafter("/my/own/draft", {"ngram", "model", "hybrid"}) == "model"
+    assert default_drafter(None, {"ngram"}) == "ngram"
