@@ -15,7 +15,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
         rows.append(f"| {category} | {r['answers']} | {r['tokens']} | {r['greedy_committed_per_step_k4']:.2f} | "
                     f"{r['greedy_acceptance_k4']:.2f} | "
                     f"{r['sampled_token_acceptance']:.2f} | {r['sampled_committed_per_step_k4']:.2f} |")
-    phases = ", ".join(f"{name} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
+    phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
     return f"""# Distilled draft for `{target_info.name}`
 
 A {args.layers}-layer draft over {len(vocab_map.draft_to_target)} of the target's {target_info.vocab_size} tokens
@@ -27,15 +27,15 @@ Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh u
     {command_line(argv)}
 
 - seed {args.seed}, device {facts.get('device', 'cpu')}, torch threads {facts.get('threads')}
-- wall time {timings.total / 60:.1f} min ({phases}), summed over resumed runs
+- wall time {timings.total / 60:.1f} min ({phases}), summed over interrupted and resumed runs
 - data: the target's own answers to {data.n_prompts} prompts written from templates x topics over 13
   Spec-Bench-like categories, with passages from the Python reference (`pydoc_data`), standard-library
   docstrings and German gettext catalogues installed on the machine; no Spec-Bench question, nothing
   downloaded. {100 * args.greedy_fraction:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each.
-- vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens (FR-Spec); they cover
-  {100 * facts['vocab_coverage']:.1f}% of the target's answer tokens.
+- vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens seen (FR-Spec); they cover
+  {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.
 - initialisation: the target's embedding rows for those tokens (tied input/output), its first
   {args.layers} decoder layer(s) and its final norm.
 - training: {args.steps} AdamW steps of about {args.train_batch_tokens} tokens, lr {args.lr} (warm-up, cosine),

@@ -52,6 +52,10 @@ def make_data(args, target, work: Path) -> Data:
     return Data(train, heldout, len(train_prompts), len(heldout_prompts))
 
 
+def train_key(args) -> str:
+    return f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}-kd{args.kd_weight}"
+
+
 def train(args, target, data: Data, work: Path, device: str):
     """Choose the vocabulary, build the draft from the target, distill; -> (model, VocabMap, facts)."""
     import torch
@@ -62,17 +66,20 @@ def train(args, target, data: Data, work: Path, device: str):
     from specmesh.distilled import VocabMap
 
     size = min(args.vocab, target.info.vocab_size + 1)
-    draft_to_target, coverage = choose_vocab(data.train, size, target.info.eos_token_ids)
+    draft_to_target, _ = choose_vocab(data.train, size, target.info.eos_token_ids)
+    chosen = set(draft_to_target)
+    heldout_tokens = [t for e in data.heldout for t in e["response_ids"]]
+    # Coverage of answers the choice never saw: what the draft can propose at all.
+    coverage = sum(t in chosen for t in heldout_tokens) / max(1, len(heldout_tokens))
     vocab_map = VocabMap(target.info.name, target.info.vocab_size, target.info.vocab_fingerprint,
                          tuple(draft_to_target), tuple(target.info.eos_token_ids), target.info.max_context)
-    log.info("draft vocabulary: %d target tokens cover %.1f%% of the target's generated tokens",
+    log.info("draft vocabulary: %d target tokens cover %.1f%% of the target's held-out answer tokens",
              len(draft_to_target), 100 * coverage)
     torch.manual_seed(args.seed)
     model = build_draft(target.model, draft_to_target, args.layers)
     examples = make_examples(data.train, vocab_map.target_to_draft(), vocab_map.other_id,
                              max_len=args.max_new_tokens + 512)
-    key = f"train-v{size}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}-kd{args.kd_weight}"
-    folder = work / key
+    folder = work / f"train-{train_key(args)}"
     folder.mkdir(parents=True, exist_ok=True)
     with tqdm(total=args.steps, desc="distilling", unit="step", dynamic_ncols=True) as bar:
         def progress(step, stats):

@@ -136,13 +136,17 @@ def _run(args, argv) -> int:
         data = phases.make_data(args, target, work)
     if args.stop_after == "data":
         return 0
-    with timings.phase("train"):
+    # Training and evaluation time is kept per training configuration: runs with other steps or
+    # sizes over the same data share the work folder, and a card reports only its own run.
+    run_key = phases.train_key(args)
+    with timings.phase(f"train {run_key}"):
         model, vocab_map, facts = phases.train(args, target, data, work, device)
     if args.stop_after == "train":
         return 0
-    with timings.phase("evaluate"):
+    with timings.phase(f"evaluate {run_key}"):
         report = phases.evaluate(args, target, model, vocab_map, data, device)
     facts.update(device=device, threads=torch.get_num_threads())
+    timings.keep("data", f"train {run_key}", f"evaluate {run_key}")
     _write_output(args, lambda folder: phases.save(args, argv, target, model, vocab_map, facts, report, timings, data,
                                                    folder))
     log.info("wrote %s", args.out)
@@ -182,6 +186,10 @@ class _Timings:
                 timings.path.write_text(json.dumps(timings.seconds, indent=1))
 
         return _Phase()
+
+    def keep(self, *names: str) -> None:
+        """Report only these phases (this run's) from now on."""
+        self.seconds = {name: self.seconds.get(name, 0.0) for name in names}
 
     @property
     def total(self) -> float:
