@@ -12,6 +12,7 @@ from specmesh.errors import InvalidArgument, ResourceExhausted, check_token_ids
 from specmesh.kv import TokenHistory, cache_nbytes
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams
+from specmesh.drafts import default_drafter
 from draft_service.drafters import REGISTRY, Drafter
 
 log = logging.getLogger("specmesh.draft")
@@ -29,7 +30,7 @@ class DraftEngine:
         self.drafters = drafters
         self.max_k = config.max_k
         self.default_top_n = config.default_top_n
-        self.default_drafter = config.default_drafter or ("model" if "model" in drafters else "ngram")
+        self.default_drafter = config.default_drafter or default_drafter(config.draft_model, set(drafters))
         if self.default_drafter not in drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not served here; "
                              f"available: {sorted(drafters)}")

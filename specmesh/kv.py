@@ -96,6 +96,10 @@ class KVSession(TokenHistory):
         for index, (keys, values) in enumerate(layers):
             self.cache.update(keys, values, index)
 
+    def model_input(self, feed: Sequence[int]) -> torch.Tensor:
+        """[1, T] input ids for the model; a draft over its own vocabulary maps target ids here."""
+        return torch.tensor([feed], dtype=torch.long, device=self.model.device)
+
     @torch.inference_mode()
     def forward(self, extra: Sequence[int] = (), last_only: bool = False) -> torch.Tensor:
         """Feed every token not yet cached plus `extra`; return the logits that
@@ -119,7 +123,7 @@ class KVSession(TokenHistory):
         return logits[-rows:].float()
 
     def _run(self, feed: Sequence[int], rows: int) -> torch.Tensor:
-        input_ids = torch.tensor([feed], dtype=torch.long, device=self.model.device)  # [1, T]
+        input_ids = self.model_input(feed)                                             # [1, T]
         return self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,
                           **{self.cache_arg: self.cache}).logits[0]                    # [rows, V]
 

@@ -82,7 +82,9 @@ def run(args) -> int:
     if address is None:
         from specmesh_cli.redis_server import free_port
 
-        cluster = Cluster(model=args.model, draft_model=args.draft_model, port=free_port(),
+        from specmesh.drafts import draft_for
+
+        cluster = Cluster(model=args.model, draft_model=draft_for(args.model, args.draft_model), port=free_port(),
                           log_dir=args.out / "logs")
         log.info("starting services (logs in %s)", args.out / "logs")
         cluster.start()

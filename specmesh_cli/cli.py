@@ -6,6 +6,7 @@
     specmesh serve draft|verifier|orchestrator|gateway    one tier alone
     specmesh generate PROMPT         stream a completion from a running orchestrator
     specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
+    specmesh distill --out DIR       train a draft model for a target by self-distillation
     specmesh bench-gateway           the HTTP gateway's cost over the gRPC API, and a fuzz of it
 """
 from __future__ import annotations
@@ -39,8 +40,9 @@ class UpConfig:
     redis_url: str | None = setting(None, "use this Redis instead of starting a redis-server", env="REDIS_URL")
     model: str | None = setting(None, "target model: 'smollm2' (default, embedded), an HF folder or hub id, "
                                       "or a .gguf file")
-    draft_model: str | None = setting(None, "draft model sharing the target's vocabulary; without one the "
-                                            "n-gram drafter is used")
+    draft_model: str | None = setting(None, "draft model sharing the target's vocabulary, or a shipped draft's "
+                                            "name (smollm2-draft); default: the shipped draft of the default "
+                                            "target, else none; 'none': n-gram only")
     draft_replicas: int = setting(1, "draft service processes")
     verifier_replicas: int = setting(1, "verifier service processes")
     metrics: bool = setting(False, "serve Prometheus /metrics on a free port per process")
@@ -87,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+
+    dist = sub.add_parser("distill", help="train a draft model for a target by self-distillation")
+    from distill import run as distill_run
+
+    distill_run.add_arguments(dist)
 
     b = sub.add_parser("bench", help="speedup over target-only decoding on Spec-Bench prompts")
     from specmesh_cli import bench
@@ -166,7 +173,10 @@ def _up(args, exit_after_demo: bool = False) -> int:
     from specmesh_cli.launcher import Cluster
 
     up = settings.build(UpConfig, {k: v for k, v in vars(args).items() if k != "command"}, env_prefix=None)
-    cluster = Cluster(model=up.model, draft_model=up.draft_model, port=up.port, redis_url=up.redis_url,
+    from specmesh.drafts import draft_for
+
+    cluster = Cluster(model=up.model, draft_model=draft_for(up.model, up.draft_model), port=up.port,
+                      redis_url=up.redis_url,
                       draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
                       metrics=up.metrics, http_port=up.http_port or None, host=up.host,
                       orchestrator_replicas=up.orchestrator_replicas)
@@ -242,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         return _up(args)
     if args.command == "demo":
         return _up(args, exit_after_demo=True)
+    if args.command == "distill":
+        from distill import run as distill_run
+
+        return distill_run.main(args, list(argv if argv is not None else sys.argv[1:])[1:])
     if args.command == "bench":
         from specmesh_cli import bench
 

@@ -1,0 +1,57 @@
+"""The model card (README.md) of a distilled draft."""
+from __future__ import annotations
+
+import shlex
+import sys
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    return "specmesh distill " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:]))
+
+
+def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, n_params, size_bytes) -> str:
+    rows = []
+    for category, r in report.items():
+        rows.append(f"| {category} | {r['answers']} | {r['tokens']} | {r['greedy_committed_per_step_k4']:.2f} | "
+                    f"{r['greedy_acceptance_k4']:.2f} | "
+                    f"{r['sampled_token_acceptance']:.2f} | {r['sampled_committed_per_step_k4']:.2f} |")
+    phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
+    return f"""# Distilled draft for `{target_info.name}`
+
+A {args.layers}-layer draft over {len(vocab_map.draft_to_target)} of the target's {target_info.vocab_size} tokens
+(plus one input-only "other" bucket), trained by self-distillation with `specmesh distill`.
+Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh up --draft-model ...`).
+
+## How it was made
+
+    {command_line(argv)}
+
+- seed {args.seed}, device {facts.get('device', 'cpu')}, torch threads {facts.get('threads')}
+- wall time {timings.total / 60:.1f} min ({phases}), summed over interrupted and resumed runs
+- data: the target's own answers to {data.n_prompts} prompts written from templates x topics over 13
+  Spec-Bench-like categories, with passages from the Python reference (`pydoc_data`), standard-library
+  docstrings and German gettext catalogues installed on the machine; no Spec-Bench question, nothing
+  downloaded. {100 * args.greedy_fraction:.0f}% answered greedily, the rest sampled at temperature
+  {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
+  with the target's top-16 log-probabilities at each.
+- vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens seen (FR-Spec); they cover
+  {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.
+- initialisation: the target's embedding rows for those tokens (tied input/output), its first
+  {args.layers} decoder layer(s) and its final norm.
+- training: {args.steps} AdamW steps of about {args.train_batch_tokens} tokens, lr {args.lr} (warm-up, cosine),
+  loss = {1 - args.kd_weight:.2f} x cross-entropy on the target's tokens + {args.kd_weight:.2f} x cross-entropy
+  against its top-16 distribution; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},
+  top-1 agreement {facts['last_step'].get('acc', float('nan')):.3f}.
+- size: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.1f} MB on disk ({args.storage}).
+
+## Measured acceptance (held-out prompts of the same generator, {data.n_heldout_prompts} answers, greedy)
+
+Committed tokens per step = accepted draft tokens + 1, replaying speculative decoding against the
+target's greedy answer. The temperature columns are an estimate: per-token acceptance
+sum_x min(p_T, q_T) at T = {args.temperature} along the same answers (p_T from the target's top-16), and the
+committed tokens per step it implies at k = 4.
+
+| category | answers | tokens | committed/step k=4 | acceptance k=4 | token acceptance T={args.temperature} | committed/step T={args.temperature} k=4 |
+| --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
+"""

@@ -1,0 +1,54 @@
+"""Build the draft from its target: the target's config with fewer layers and a
+reduced vocabulary, initialised from the target's own weights (embedding rows
+of the chosen tokens, its first decoder layers, its final norm), so training
+starts from a model that already reads the target's representation.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def build_draft(target_model, draft_to_target: Sequence[int], layers: int):
+    from transformers import AutoModelForCausalLM
+
+    config = target_model.config.__class__.from_dict(target_model.config.to_dict())
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    source_layers = _decoder_layers(target_model)
+    if layers > len(source_layers):
+        raise ValueError(f"--layers {layers} exceeds the target's {len(source_layers)} decoder layers")
+    text.num_hidden_layers = layers
+    text.vocab_size = len(draft_to_target) + 1
+    text.tie_word_embeddings = True       # one matrix for input and output: half the size on disk
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(text, name, None)         # target ids mean nothing in the draft's vocabulary
+    if getattr(text, "layer_types", None):
+        text.layer_types = list(text.layer_types)[:layers]
+    draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+    ids = torch.tensor(list(draft_to_target), dtype=torch.long)
+    with torch.no_grad():
+        source = target_model.get_input_embeddings().weight.float()                      # [V_t, H]
+        rest = torch.ones(source.shape[0], dtype=torch.bool)
+        rest[ids] = False
+        other = source[rest].mean(0, keepdim=True) if rest.any() else source.mean(0, keepdim=True)  # [1, H]
+        draft.get_input_embeddings().weight.copy_(torch.cat([source[ids], other]))      # [n_out + 1, H]
+        for mine, theirs in zip(_decoder_layers(draft), source_layers):
+            mine.load_state_dict(theirs.state_dict())
+        _final_norm(draft).load_state_dict(_final_norm(target_model).state_dict())
+    draft.tie_weights()
+    return draft
+
+
+def _decoder_layers(model):
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot find decoder layers in {type(model).__name__}: distill supports Llama-like "
+                         "models (model.model.layers)")
+    return layers
+
+
+def _final_norm(model):
+    return model.model.norm

@@ -1,0 +1,107 @@
+"""Offline acceptance of a draft on held-out prompts (never bench questions).
+
+Greedy: replay speculative decoding against the target's greedy answer. Each
+step the draft proposes k tokens greedily from the committed prefix; the
+accepted ones are the prefix that matches the target's answer, and the step
+commits them plus one target token. Committed tokens per step = answer
+length / steps, exactly what the services report for the same answer.
+
+Temperature T: the expected acceptance of one draft token sampled from q_T is
+sum_x min(p_T(x), q_T(x)) (Leviathan et al.), taken here with teacher forcing
+along the same answers and p_T from the stored top-k target log-probs; with a
+per-token rate a, k draft tokens commit (1 - a^(k+1)) / (1 - a) per step.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from specmesh.distilled import DistilledDraft
+
+
+@torch.inference_mode()
+def greedy_steps(model, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor, prompt: Sequence[int],
+                 answer: Sequence[int], k: int) -> int:
+    """Speculative steps needed to commit `answer` with greedy drafts of k tokens."""
+    device = target_to_draft.device
+    cache = DynamicCache(config=model.config)
+    committed = list(prompt)
+    fed = 0                                    # tokens of `committed` in the cache
+    position, steps = 0, 0
+    while position < len(answer):
+        feed = committed[fed:]
+        ids = target_to_draft[torch.tensor([feed], device=device)]                     # [1, T]
+        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1, :-1]
+        fed = len(committed)
+        drafted = []
+        for i in range(k):
+            token = int(draft_to_target[logits.argmax()])
+            drafted.append(token)
+            if i + 1 < k:
+                ids = target_to_draft[torch.tensor([[token]], device=device)]
+                logits = model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1, :-1]
+        accepted = 0
+        while accepted < k and position + accepted < len(answer) and drafted[accepted] == answer[position + accepted]:
+            accepted += 1
+        take = min(accepted + 1, len(answer) - position)      # the accepted tokens + one target token
+        committed.extend(answer[position:position + take])
+        position += take
+        steps += 1
+        excess = cache.get_seq_length() - fed
+        if excess > 0:
+            cache.crop(-excess)                # drop the draft tokens; the next step feeds what was committed
+    return steps
+
+
+@torch.inference_mode()
+def sampled_rate(model, target_to_draft, draft_to_target, example: dict, temperature: float) -> tuple[float, int]:
+    """(sum over positions of sum_x min(p_T, q_T), positions) along the example's answer."""
+    device = target_to_draft.device
+    full = list(example["prompt_ids"]) + list(example["response_ids"])
+    start, n = len(example["prompt_ids"]) - 1, len(example["response_ids"])
+    ids = target_to_draft[torch.tensor([full[:-1]], device=device)]                     # [1, L]
+    logits = model(input_ids=ids).logits[0, start:start + n, :-1].float()               # [n, n_out]
+    q = torch.zeros(n, target_to_draft.shape[0], device=device)                         # [n, V_t]
+    q[:, draft_to_target] = torch.softmax(logits / temperature, dim=-1)
+    top_ids = example["top_ids"][:n].long().to(device)                                  # [n, K]
+    p_top = torch.softmax(example["top_logp"][:n].float().to(device) / temperature, dim=-1)  # [n, K]
+    overlap = torch.minimum(p_top, q.gather(1, top_ids)).sum(-1)                        # [n]
+    return float(overlap.sum()), n
+
+
+def evaluate(draft: DistilledDraft, heldout: Sequence[dict], ks: Sequence[int] = (4,),
+             temperature: float = 0.8, progress=lambda n: None) -> dict:
+    """Per category and overall: greedy committed tokens per step at each k, teacher-forced top-1 agreement,
+    and the estimated committed tokens per step at `temperature` (k = 4)."""
+    tokens = defaultdict(int)
+    steps = defaultdict(lambda: defaultdict(int))
+    overlap, positions = defaultdict(float), defaultdict(int)
+    t2d, d2t = draft.target_to_draft, draft.draft_to_target
+    for example in heldout:
+        cats = (example["category"], "overall")
+        answer = example["response_ids"]
+        for k in ks:
+            s = greedy_steps(draft.model, t2d, d2t, example["prompt_ids"], answer, k)
+            for c in cats:
+                steps[c][k] += s
+        o, n = sampled_rate(draft.model, t2d, d2t, example, temperature)
+        for c in cats:
+            tokens[c] += len(answer)
+            overlap[c] += o
+            positions[c] += n
+        progress(1)
+    report = {}
+    for c in sorted(tokens, key=lambda c: (c == "overall", c)):
+        rate = overlap[c] / max(1, positions[c])
+        report[c] = dict(
+            answers=sum(1 for e in heldout if e["category"] == c) if c != "overall" else len(heldout),
+            tokens=tokens[c],
+            **{f"greedy_committed_per_step_k{k}": tokens[c] / max(1, steps[c][k]) for k in ks},
+            **{f"greedy_acceptance_k{k}": (tokens[c] / max(1, steps[c][k]) - 1) / k for k in ks},
+            sampled_token_acceptance=rate,
+            sampled_committed_per_step_k4=(1 - rate ** 5) / (1 - rate) if rate < 1 else 5.0,
+        )
+    return report

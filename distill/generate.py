@@ -1,0 +1,137 @@
+"""The target's own generations, the training data of self-distillation.
+
+Prompts are rendered with the target's chat template (as the orchestrator
+renders a chat request) and sampled in left-padded batches with a KV cache.
+Each step keeps the target's top-k log-probabilities (at temperature 1, from
+the full softmax), so the distillation loss never runs the target again.
+
+A batch is one shard file; a run that was interrupted skips the shards already
+written. Each batch draws from its own generator seeded by (seed, batch index),
+so the data are the same whether or not the run was resumed.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from distill.prompts import Prompt
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    max_new_tokens: int = 160
+    batch_size: int = 32
+    greedy_fraction: float = 0.6     # greedy matters most (the benchmark is greedy); the rest at temperature
+    temperature: float = 0.8
+    top_k_stored: int = 16           # target log-probs kept per position for the KD loss
+    max_prompt_tokens: int = 384
+
+
+def render(tokenizer, text: str) -> list[int]:
+    if tokenizer.chat_template is None:
+        return tokenizer.encode(text, add_special_tokens=False)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def plan_batches(tokenizer, prompts: Sequence[Prompt], plan: GenerationPlan, seed: int) -> list[list[dict]]:
+    """Examples (prompt ids + decoding temperature) grouped into length-sorted batches."""
+    rng = random.Random(seed)
+    examples = []
+    for index, prompt in enumerate(prompts):
+        ids = render(tokenizer, prompt.text)
+        if len(ids) > plan.max_prompt_tokens:
+            continue
+        temperature = 0.0 if rng.random() < plan.greedy_fraction else plan.temperature
+        examples.append(dict(index=index, category=prompt.category, prompt_ids=ids, temperature=temperature))
+    # Similar lengths share a batch (little padding); greedy and sampled rows never share one.
+    examples.sort(key=lambda e: (e["temperature"], len(e["prompt_ids"]), e["index"]))
+    return [examples[i:i + plan.batch_size] for i in range(0, len(examples), plan.batch_size)]
+
+
+@torch.inference_mode()
+def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequence[int], pad_id: int,
+                   generator: torch.Generator) -> list[dict]:
+    device = model.device
+    lengths = [len(e["prompt_ids"]) for e in batch]
+    width = max(lengths)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)               # [B, L], left-padded
+    mask = torch.zeros((len(batch), width), dtype=torch.long)                           # [B, L]
+    for row, e in enumerate(batch):
+        input_ids[row, width - lengths[row]:] = torch.tensor(e["prompt_ids"])
+        mask[row, width - lengths[row]:] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)                                      # [B, L]
+    temperature = batch[0]["temperature"]
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1].float()              # [B, V]
+    eos = torch.tensor(list(eos_ids), device=device)
+    done = torch.zeros(len(batch), dtype=torch.bool, device=device)                     # [B]
+    tokens, top_ids, top_logp = [], [], []
+    for _ in range(plan.max_new_tokens):
+        logp = torch.log_softmax(logits, dim=-1)                                        # [B, V]
+        values, ids = logp.topk(plan.top_k_stored, dim=-1)                              # [B, K]
+        if temperature > 0:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)  # [B]
+        else:
+            token = logits.argmax(dim=-1)                                               # [B]
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        tokens.append(token)
+        top_ids.append(ids.to(torch.int32))
+        top_logp.append(values.to(torch.float16))
+        done |= torch.isin(token, eos)
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)                   # [B, L + t]
+        positions = positions[:, -1:] + 1                                               # [B, 1]
+        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
+                       cache=cache, use_cache=True).logits[:, -1].float()     # [B, V]
+    tokens_t = torch.stack(tokens, 1).cpu()                                             # [B, T]
+    ids_t, logp_t = torch.stack(top_ids, 1).cpu(), torch.stack(top_logp, 1).cpu()       # [B, T, K]
+    out = []
+    for row, e in enumerate(batch):
+        response = tokens_t[row].tolist()
+        length = len(response)
+        for t, tok in enumerate(response):
+            if tok in eos_ids:
+                length = t + 1          # keep the EOS: the draft should learn to propose it too
+                break
+        out.append(dict(e, response_ids=response[:length], top_ids=ids_t[row, :length].clone(),
+                        top_logp=logp_t[row, :length].clone()))
+    return out
+
+
+def generate_shards(model, tokenizer, eos_ids: Sequence[int], prompts: Sequence[Prompt], folder: Path,
+                    plan: GenerationPlan, seed: int, progress: Callable[[int], None] = lambda n: None) -> list[Path]:
+    """Write (or find, after an interrupt) one shard per batch under `folder`; return their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    batches = plan_batches(tokenizer, prompts, plan, seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    paths = []
+    for number, batch in enumerate(batches):
+        path = folder / f"shard-{number:05d}.pt"
+        paths.append(path)
+        if not path.exists():
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + number)
+            examples = generate_batch(model, batch, plan, eos_ids, pad_id, generator)
+            tmp = path.with_suffix(".tmp")
+            torch.save(examples, tmp)
+            tmp.rename(path)     # a shard is there whole or not at all
+        progress(len(batch))
+    return paths
+
+
+def load_examples(paths: Sequence[Path]) -> list[dict]:
+    examples = []
+    for path in paths:
+        examples.extend(torch.load(path, weights_only=False))
+    examples.sort(key=lambda e: e["index"])
+    return examples

@@ -1,0 +1,133 @@
+"""The phases of `specmesh distill`, each resumable from the work folder."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from distill.generate import GenerationPlan, generate_shards, load_examples
+from distill.prompts import CATEGORIES, Prompt, build_prompts
+
+log = logging.getLogger("specmesh.distill")
+
+
+@dataclass
+class Data:
+    train: list[dict]
+    heldout: list[dict]
+    n_prompts: int
+    n_heldout_prompts: int
+
+
+def split_prompts(args) -> tuple[list[Prompt], list[Prompt]]:
+    """Held-out prompts are the first few of each category; they never reach training."""
+    prompts = build_prompts(args.prompts_per_category + args.heldout_per_category, args.seed)
+    heldout, train, taken = [], [], {c: 0 for c in CATEGORIES}
+    for prompt in prompts:
+        if taken[prompt.category] < args.heldout_per_category:
+            taken[prompt.category] += 1
+            heldout.append(prompt)
+        else:
+            train.append(prompt)
+    return train, heldout
+
+
+def make_data(args, target, work: Path) -> Data:
+    train_prompts, heldout_prompts = split_prompts(args)
+    plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                          greedy_fraction=args.greedy_fraction, temperature=args.temperature)
+    heldout_plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                  greedy_fraction=1.0)
+    total = len(train_prompts) + len(heldout_prompts)
+    with tqdm(total=total, desc="target generations", unit="prompt", dynamic_ncols=True) as bar:
+        train_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, train_prompts,
+                                      work / "data" / "train", plan, args.seed, bar.update)
+        heldout_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, heldout_prompts,
+                                        work / "data" / "heldout", heldout_plan, args.seed + 1, bar.update)
+    train, heldout = load_examples(train_paths), load_examples(heldout_paths)
+    tokens = sum(len(e["response_ids"]) for e in train)
+    log.info("%d training generations (%d tokens), %d held-out", len(train), tokens, len(heldout))
+    return Data(train, heldout, len(train_prompts), len(heldout_prompts))
+
+
+def train_key(args) -> str:
+    return f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}-kd{args.kd_weight}"
+
+
+def train(args, target, data: Data, work: Path, device: str):
+    """Choose the vocabulary, build the draft from the target, distill; -> (model, VocabMap, facts)."""
+    import torch
+
+    from distill.draft_model import build_draft
+    from distill.train import make_examples, train as run_training
+    from distill.vocab import choose_vocab
+    from specmesh.distilled import VocabMap
+
+    size = min(args.vocab, target.info.vocab_size + 1)
+    draft_to_target, _ = choose_vocab(data.train, size, target.info.eos_token_ids)
+    chosen = set(draft_to_target)
+    heldout_tokens = [t for e in data.heldout for t in e["response_ids"]]
+    # Coverage of answers the choice never saw: what the draft can propose at all.
+    coverage = sum(t in chosen for t in heldout_tokens) / max(1, len(heldout_tokens))
+    vocab_map = VocabMap(target.info.name, target.info.vocab_size, target.info.vocab_fingerprint,
+                         tuple(draft_to_target), tuple(target.info.eos_token_ids), target.info.max_context)
+    log.info("draft vocabulary: %d target tokens cover %.1f%% of the target's held-out answer tokens",
+             len(draft_to_target), 100 * coverage)
+    torch.manual_seed(args.seed)
+    model = build_draft(target.model, draft_to_target, args.layers)
+    examples = make_examples(data.train, vocab_map.target_to_draft(), vocab_map.other_id,
+                             max_len=args.max_new_tokens + 512)
+    folder = work / f"train-{train_key(args)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with tqdm(total=args.steps, desc="distilling", unit="step", dynamic_ncols=True) as bar:
+        def progress(step, stats):
+            bar.n = step
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", acc=f"{stats['acc']:.3f}", refresh=False)
+            bar.refresh()
+
+        last = run_training(model, examples, steps=args.steps, batch_tokens=args.train_batch_tokens, lr=args.lr,
+                            kd_weight=args.kd_weight, seed=args.seed, device=device,
+                            checkpoint=folder / "checkpoint.pt", checkpoint_every=args.checkpoint_every,
+                            progress=progress)
+    facts = dict(vocab_coverage=coverage, train_examples=len(examples), last_step=last,
+                 train_tokens=sum(len(e["response_ids"]) for e in data.train))
+    return model.to(device), vocab_map, facts
+
+
+def evaluate(args, target, model, vocab_map, data: Data, device: str) -> dict:
+    import torch
+
+    from distill.evaluate import evaluate as run_evaluation
+    from specmesh.distilled import DistilledDraft, fake_quantize
+
+    if args.storage == "int8":
+        fake_quantize(model)      # measure what ships
+
+    draft = DistilledDraft(model, vocab_map, target.info, vocab_map.target_to_draft().to(device),
+                           torch.tensor(vocab_map.draft_to_target, dtype=torch.long, device=device))
+    with tqdm(total=len(data.heldout), desc="held-out acceptance", unit="answer", dynamic_ncols=True) as bar:
+        report = run_evaluation(draft, data.heldout, temperature=args.temperature, progress=bar.update)
+    overall = report["overall"]
+    log.info("held-out: greedy committed tokens per step %.2f (k=4); at T=%.1f about %.2f (k=4)",
+             overall["greedy_committed_per_step_k4"], args.temperature,
+             overall["sampled_committed_per_step_k4"])
+    return report
+
+
+def save(args, argv, target, model, vocab_map, facts, report, timings, data: Data, folder: Path) -> None:
+    import json
+
+    from distill import card
+    from specmesh.distilled import save_draft
+
+    n_params = sum(p.numel() for p in model.parameters())
+    extra = dict(command=card.command_line(argv), seed=args.seed, steps=args.steps, facts=facts,
+                 timings=timings.seconds, acceptance=report)
+    save_draft(folder, model.cpu(), vocab_map, card="", extra=json.loads(json.dumps(extra, default=str)),
+               storage=args.storage)
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+    (folder / "README.md").write_text(card.render(
+        args=args, argv=argv, target_info=target.info, vocab_map=vocab_map, facts=facts, report=report,
+        timings=timings, data=data, n_params=n_params, size_bytes=size))

@@ -1,0 +1,196 @@
+"""`specmesh distill`: the command, its arguments and the order of the phases.
+
+    prompts -> target generations (shards) -> draft vocabulary -> training (checkpoints)
+    -> held-out acceptance -> the draft folder (written to a temp sibling, renamed at the end)
+
+Everything but the output folder lives in a work folder (default: under the
+specmesh cache, named for the target, the seed and the data settings), so
+running the same command again after an interrupt resumes where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("specmesh.distill")
+
+DEFAULTS = dict(prompts_per_category=24, heldout_per_category=4, max_new_tokens=128, batch_size=48,
+                greedy_fraction=0.6, temperature=0.8, vocab=8192, layers=2, steps=300, train_batch_tokens=1024,
+                lr=1e-3, kd_weight=0.5)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2", help="the target model (any spec `--model` accepts)")
+    p.add_argument("--out", type=Path, required=True, help="the draft folder to write (must not exist, or --force)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--seed", type=int, default=0, help="prompts, sampling, initialisation and batches follow it")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="generations and checkpoints, kept for resuming (default: under the specmesh cache)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's choice; 1 is faster on a CPU shared with other jobs)")
+    p.add_argument("--prompts-per-category", type=int, default=DEFAULTS["prompts_per_category"],
+                   help="training prompts per Spec-Bench-like category (13 categories)")
+    p.add_argument("--heldout-per-category", type=int, default=DEFAULTS["heldout_per_category"],
+                   help="held-out prompts per category, for the acceptance in the model card")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"])
+    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="prompts per generation batch")
+    p.add_argument("--greedy-fraction", type=float, default=DEFAULTS["greedy_fraction"],
+                   help="share of prompts answered greedily; the rest are sampled at --temperature")
+    p.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
+    p.add_argument("--vocab", type=int, default=DEFAULTS["vocab"],
+                   help="draft vocabulary, at most: the most frequent target output tokens seen in the data, "
+                        "plus one 'other' input bucket")
+    p.add_argument("--layers", type=int, default=DEFAULTS["layers"], help="decoder layers, copied from the target's first")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps")
+    p.add_argument("--train-batch-tokens", type=int, default=DEFAULTS["train_batch_tokens"],
+                   help="tokens per optimizer step")
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    p.add_argument("--kd-weight", type=float, default=DEFAULTS["kd_weight"],
+                   help="weight of the soft (target top-k) loss; the rest is cross-entropy on the target's tokens")
+    p.add_argument("--storage", choices=("float16", "int8"), default="float16",
+                   help="weights on disk: float16, or int8 with a scale per row (half the size; the card's "
+                        "acceptance is measured with the int8-rounded weights)")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="optimizer steps between checkpoints")
+    p.add_argument("--stop-after", choices=("data", "train"), default=None,
+                   help="stop after this phase (the work folder keeps it; run again without it to finish)")
+
+
+class DistillError(ValueError):
+    """A bad argument or an unusable target: reported as one line, nothing written."""
+
+
+def check_arguments(args) -> None:
+    problems = []
+    for name in ("prompts_per_category", "heldout_per_category", "max_new_tokens", "batch_size", "steps",
+                 "train_batch_tokens", "layers", "checkpoint_every"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.threads is not None and args.threads < 1:
+        problems.append(f"--threads must be at least 1, got {args.threads}")
+    if not 0.0 <= args.greedy_fraction <= 1.0:
+        problems.append(f"--greedy-fraction must be in [0, 1], got {args.greedy_fraction}")
+    if not args.temperature > 0:
+        problems.append(f"--temperature must be > 0, got {args.temperature}")
+    if args.vocab < 16:
+        problems.append(f"--vocab must be at least 16, got {args.vocab}")
+    if not args.lr > 0:
+        problems.append(f"--lr must be > 0, got {args.lr}")
+    if not 0.0 <= args.kd_weight <= 1.0:
+        problems.append(f"--kd-weight must be in [0, 1], got {args.kd_weight}")
+    if args.out.exists() and not args.force:
+        problems.append(f"--out {args.out} already exists; pass --force to replace it")
+    if args.out.exists() and not args.out.is_dir():
+        problems.append(f"--out {args.out} is a file")
+    if problems:
+        raise DistillError("; ".join(problems))
+
+
+def data_key(args, target_name: str) -> str:
+    """Names the work folder: every argument that changes the generations."""
+    fields = dict(target=target_name, seed=args.seed, p=args.prompts_per_category, h=args.heldout_per_category,
+                  t=args.max_new_tokens, b=args.batch_size, g=args.greedy_fraction, temp=args.temperature)
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(target_name).name)
+    return f"{safe}-seed{args.seed}-{digest}"
+
+
+def main(args, argv: list[str] | None = None) -> int:
+    try:
+        return _run(args, argv)
+    except DistillError as error:
+        print(f"specmesh distill: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args, argv) -> int:
+    import torch
+
+    from specmesh.models import ModelLoadError, cache_dir, load_model
+
+    check_arguments(args)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        target = load_model(args.target, device=device)
+    except ModelLoadError as error:
+        raise DistillError(str(error)) from error
+    torch.manual_seed(args.seed)
+    work = args.work_dir or cache_dir() / "distill" / data_key(args, target.info.name)
+    work.mkdir(parents=True, exist_ok=True)
+    log.info("work folder %s (run the same command again to resume)", work)
+    timings = _Timings(work / "timings.json")
+
+    from distill import phases
+
+    with timings.phase("data"):
+        data = phases.make_data(args, target, work)
+    if args.stop_after == "data":
+        return 0
+    # Training and evaluation time is kept per training configuration: runs with other steps or
+    # sizes over the same data share the work folder, and a card reports only its own run.
+    run_key = phases.train_key(args)
+    with timings.phase(f"train {run_key}"):
+        model, vocab_map, facts = phases.train(args, target, data, work, device)
+    if args.stop_after == "train":
+        return 0
+    with timings.phase(f"evaluate {run_key}"):
+        report = phases.evaluate(args, target, model, vocab_map, data, device)
+    facts.update(device=device, threads=torch.get_num_threads())
+    timings.keep("data", f"train {run_key}", f"evaluate {run_key}")
+    _write_output(args, lambda folder: phases.save(args, argv, target, model, vocab_map, facts, report, timings, data,
+                                                   folder))
+    log.info("wrote %s", args.out)
+    return 0
+
+
+def _write_output(args, save) -> None:
+    """Write into a temp sibling and rename it to --out: never a half-written folder."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.tmp-", dir=args.out.parent))
+    try:
+        save(tmp)
+        os.chmod(tmp, 0o755)
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        os.rename(tmp, args.out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Timings:
+    """Wall time per phase, summed over resumed runs (kept in the work folder)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.seconds: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+
+    def phase(self, name: str):
+        timings = self
+
+        class _Phase:
+            def __enter__(self):
+                self.started = time.monotonic()
+
+            def __exit__(self, *exc):
+                timings.seconds[name] = timings.seconds.get(name, 0.0) + time.monotonic() - self.started
+                timings.path.write_text(json.dumps(timings.seconds, indent=1))
+
+        return _Phase()
+
+    def keep(self, *names: str) -> None:
+        """Report only these phases (this run's) from now on."""
+        self.seconds = {name: self.seconds.get(name, 0.0) for name in names}
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())

@@ -1,0 +1,57 @@
+"""Draft models that ship with specmesh, and the names that select them.
+
+    smollm2-draft   distilled for the default target (SmolLM2-135M-Instruct) by `specmesh distill`;
+                    see smollm2-135m-draft/README.md for how, and its measured acceptance
+
+`specmesh up` (the launcher) serves it next to n-gram when the target is the
+default and no --draft-model is given; anywhere else name it explicitly
+(`--draft-model smollm2-draft`, SPECMESH_DRAFT_MODEL=smollm2-draft).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specmesh.models import DEFAULT_MODEL
+
+HERE = Path(__file__).resolve().parent
+SHIPPED = {"smollm2-draft": HERE / "smollm2-135m-draft"}
+# The shipped draft each target gets when none is named.
+DEFAULT_DRAFTS = {DEFAULT_MODEL: "smollm2-draft"}
+# Which drafter answers requests that name none while a shipped draft is served, by measurement
+# (`specmesh bench --configs ngram:4,model:4,hybrid:4`, docs/distill.md): on the 2-core CPU the
+# smollm2 draft commits 1.1-1.3 tokens per step (hybrid 1.25-1.7) at ~30 ms per draft token, so
+# every request type measured ran faster with n-gram; the draft is served for requests that ask
+# for `model` or `hybrid`.
+SHIPPED_DEFAULT_DRAFTER = {"smollm2-draft": "ngram"}
+
+
+def resolve_draft(spec: str) -> str:
+    """A shipped draft's name -> its folder; anything else unchanged."""
+    folder = SHIPPED.get(spec.strip().lower())
+    return str(folder) if folder is not None else spec
+
+
+def default_draft(target: str | None) -> str | None:
+    """The shipped draft served for `target` when no draft model is named (None: n-gram only)."""
+    name = DEFAULT_DRAFTS.get((target or DEFAULT_MODEL).strip().lower())
+    if name is None or not (SHIPPED[name] / "vocab_map.json").is_file():
+        return None
+    return name
+
+
+def draft_for(target: str | None, named: str | None) -> str | None:
+    """What `specmesh up` / `bench` serve: the draft named, none for 'none', else the target's shipped one."""
+    named = named or os.environ.get("SPECMESH_DRAFT_MODEL")
+    if named:
+        return None if named.strip().lower() == "none" else named
+    return default_draft(target or os.environ.get("SPECMESH_MODEL"))
+
+
+def default_drafter(draft_model: str | None, served: set[str]) -> str:
+    """The drafter for requests that name none: the measured choice for a shipped draft, else the
+    model when one is served, else n-gram."""
+    shipped = SHIPPED_DEFAULT_DRAFTER.get((draft_model or "").strip().lower())
+    if shipped in served:
+        return shipped
+    return "model" if "model" in served else "ngram"

@@ -1,0 +1,219 @@
+"""`specmesh distill` and distilled drafts: data, training, the folder format,
+loading (and refusing) it, and serving it through the three real services.
+
+Everything runs on tiny random models (seconds); the shipped draft for the
+default target is covered by tests/test_distilled_default.py.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from distill.prompts import CATEGORIES, build_prompts
+from distill.run import DEFAULTS
+from specmesh_cli import cli
+from specmesh.client import Client
+from specmesh.distilled import VOCAB_MAP_FILE, is_distilled_draft, load_draft
+from specmesh_cli.launcher import Cluster
+from specmesh.models import ModelLoadError, VocabularyMismatch, load_model, load_tokenizer
+from specmesh_cli.redis_server import free_port
+from specmesh.sampling import SamplingParams
+
+BENCH = Path(__file__).resolve().parents[2] / "shared" / "bench" / "spec_bench_questions.jsonl"
+if not BENCH.exists():
+    BENCH = Path("/work/shared/bench/spec_bench_questions.jsonl")
+
+TINY_ARGS = ["--prompts-per-category", "1", "--heldout-per-category", "1", "--max-new-tokens", "12",
+             "--batch-size", "8", "--vocab", "24", "--layers", "1", "--steps", "8", "--train-batch-tokens", "512",
+             "--checkpoint-every", "4", "--seed", "3", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory, tiny_models):
+    """One tiny distill run shared by the tests below: (output folder, work folder)."""
+    root = tmp_path_factory.mktemp("distill")
+    out, work = root / "draft", root / "work"
+    code = cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(out), "--work-dir", str(work),
+                     *TINY_ARGS])
+    assert code == 0
+    return out, work
+
+
+def test_distill_writes_a_loadable_draft_folder(distilled, tiny_models):
+    out, work = distilled
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", VOCAB_MAP_FILE, "README.md", "distill.json"} <= names
+    assert not list(out.parent.glob(".draft.tmp-*")), "the temp folder was left behind"
+    target = load_model(str(tiny_models["target"]))
+    draft = load_draft(str(out), target=target.info)
+    # The draft speaks for the target's vocabulary: that is what the orchestrator compares.
+    assert draft.info.vocab_fingerprint == target.info.vocab_fingerprint
+    assert draft.info.vocab_size == target.info.vocab_size
+    assert draft.model.get_output_embeddings().weight.shape[0] == 24
+    assert len(draft.vocab_map.draft_to_target) == 23          # plus the input-only "other" bucket
+    card = (out / "README.md").read_text()
+    assert "--seed 3" in card and "wall time" in card and "| overall |" in card
+    facts = json.loads((out / "distill.json").read_text())
+    assert facts["steps"] == 8 and "overall" in facts["acceptance"]
+
+
+def test_distill_is_deterministic_and_resumes(distilled, tiny_models, tmp_path):
+    """Same seed, fresh work folder -> the same weights; a second run over the old work folder
+    (every shard and checkpoint already there) resumes instead of starting again."""
+    out, work = distilled
+    again = tmp_path / "again"
+    assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(again),
+                     "--work-dir", str(tmp_path / "work"), *TINY_ARGS]) == 0
+    from safetensors.torch import load_file
+
+    first, second = load_file(out / "model.safetensors"), load_file(again / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+    checkpoints = list(work.glob("train-*/checkpoint.pt"))
+    assert len(checkpoints) == 1 and torch.load(checkpoints[0], weights_only=False)["step"] == 8
+    before = {p: p.stat().st_mtime_ns for p in work.rglob("*.pt")}
+    resumed = tmp_path / "resumed"
+    assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(resumed),
+                     "--work-dir", str(work), *TINY_ARGS]) == 0
+    assert {p: p.stat().st_mtime_ns for p in work.rglob("*.pt")} == before, "a resumed run redid finished work"
+    assert load_file(resumed / "model.safetensors").keys() == first.keys()
+
+
+def test_loading_refuses_a_map_for_another_target(distilled, tiny_models):
+    out, _ = distilled
+    other = load_model(str(tiny_models["other_vocab"]))
+    with pytest.raises(VocabularyMismatch) as error:
+        load_draft(str(out), target=other.info)
+    message = str(error.value)
+    assert "distilled for target" in message and str(tiny_models["target"].resolve()) in message
+    assert other.info.name in message and other.info.vocab_fingerprint in message
+
+
+def test_loading_refuses_a_broken_map(distilled, tmp_path):
+    out, _ = distilled
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in out.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    raw = json.loads((broken / VOCAB_MAP_FILE).read_text())
+    raw["draft_to_target"][0] = raw["target_vocab_size"]           # an id the target does not have
+    (broken / VOCAB_MAP_FILE).write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match="distinct target ids"):
+        load_draft(str(broken))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--greedy-fraction", "1.5"], "--greedy-fraction must be in"),
+    (["--vocab", "3"], "--vocab must be at least 16"),
+    (["--target", "/no/such/model"], "does not exist"),
+])
+def test_bad_arguments_give_a_clear_message_and_no_output(tmp_path, tiny_models, capsys, argv, message):
+    out = tmp_path / "out"
+    args = ["distill", "--target", str(tiny_models["target"]), "--out", str(out), "--work-dir",
+            str(tmp_path / "work"), *argv]
+    assert cli.main(args) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_existing_output_is_kept_without_force(tmp_path, tiny_models, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(out)]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_served_through_the_three_services(distilled, tiny_models, redis_url, tmp_path):
+    """The distilled draft serves as the `model` drafter and inside `hybrid`: greedy output equals
+    target-only decoding."""
+    out, _ = distilled
+    with Cluster(model=str(tiny_models["target"]), draft_model=str(out), port=free_port(), redis_url=redis_url,
+                 log_dir=tmp_path / "logs", startup_timeout_s=900) as cluster, Client(cluster.address) as client:
+        for prompt in ("the cat sat on the mat", "hello world, hello world, hello"):
+            baseline = client.generate(prompt, max_new_tokens=24, k=0)
+            for drafter in ("model", "hybrid"):
+                drafted = client.generate(prompt, max_new_tokens=24, k=4, drafter=drafter)
+                assert drafted.token_ids == baseline.token_ids, drafter
+                assert drafted.drafter == drafter
+
+
+def test_proposals_live_on_the_subset(distilled, tiny_models):
+    from draft_service.drafters.model import DistilledDrafter
+    from draft_service.engine import DraftEngine
+    from specmesh.config import DraftConfig
+
+    out, _ = distilled
+    engine = DraftEngine.from_config(DraftConfig(draft_model=str(out)))
+    drafter = engine.drafters["model"]
+    assert isinstance(drafter, DistilledDrafter)
+    subset = set(drafter.draft_to_target.tolist())
+    tokenizer, _ = load_tokenizer(str(tiny_models["target"]))
+    prompt = tokenizer("some words here").input_ids
+    for params in (SamplingParams(), SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.8)):
+        proposals, _ = engine.propose("s", 0, prompt, 4, "model", params, seed=7, top_n=8)
+        assert len(proposals) == 4
+        for p in proposals:
+            assert p.token_id in subset and set(p.q_ids.tolist()) <= subset
+            assert p.token_id in p.q_ids.tolist() and abs(float(p.q_probs.sum()) - 1) < 1e-5
+        if params.greedy:
+            assert all(len(p.q_ids) == 1 for p in proposals)
+
+
+def test_a_plain_draft_folder_still_loads(tiny_models):
+    from draft_service.drafters.model import DistilledDrafter, ModelDrafter
+    from specmesh.config import DraftConfig
+
+    assert not is_distilled_draft(str(tiny_models["draft"]))
+    drafter = ModelDrafter.from_config(DraftConfig(draft_model=str(tiny_models["draft"])))
+    assert type(drafter) is ModelDrafter and not isinstance(drafter, DistilledDrafter)
+
+
+# --------------------------------------------------------------------------- the data stay off the benchmark
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _ngrams(words: list[str], n: int) -> set[tuple[str, ...]]:
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_no_training_prompt_overlaps_a_bench_question():
+    """No prompt the default run uses (training or held-out, several seeds) is, contains or is contained
+    in a Spec-Bench question turn, or shares a run of 8 words with one."""
+    turns = [t for line in BENCH.read_text().splitlines() if line.strip() for t in json.loads(line)["turns"]]
+    bench_norm = [" ".join(_words(t)) for t in turns]
+    bench_grams = set().union(*(_ngrams(_words(t), 8) for t in turns))
+    n = DEFAULTS["prompts_per_category"] + DEFAULTS["heldout_per_category"]
+    for seed in (0, 1, 2):
+        prompts = build_prompts(n, seed)
+        assert {p.category for p in prompts} == set(CATEGORIES)
+        for prompt in prompts:
+            mine = " ".join(_words(prompt.text))
+            assert not any(mine == b or mine in b or (b and b in mine) for b in bench_norm), prompt.text
+            shared = _ngrams(_words(prompt.text), 8) & bench_grams
+            assert not shared, f"{prompt.text!r} shares {sorted(shared)[:3]} with a bench question"
+
+
+def test_int8_storage_round_trips(distilled, tiny_models, tmp_path):
+    from specmesh.distilled import INT8_FILE, save_draft
+
+    out, _ = distilled
+    draft = load_draft(str(out))
+    small = tmp_path / "int8"
+    save_draft(small, draft.model, draft.vocab_map, card="# int8\n", storage="int8")
+    assert (small / INT8_FILE).is_file() and not (small / "model.safetensors").exists()
+    again = load_draft(str(small))
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        a, b = draft.model(input_ids=ids).logits, again.model(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=0.05 * float(a.abs().max())), float((a - b).abs().max())
