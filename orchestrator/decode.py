@@ -14,12 +14,14 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Sequence
 
+import grpc
+
 from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
 from orchestrator.sessions import Fenced, Handle, SessionLost, SessionStore
 from orchestrator.text import TextStream
 from specmesh import auth, telemetry, wire
-from specmesh.errors import InvalidArgument, NotFound, PermissionDenied
+from specmesh.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
 from specmesh.fingerprint import PrefixFingerprints
 from specmesh.sampling import SamplingParams
 from specmesh.speculative import Scores, accept
@@ -175,7 +177,7 @@ class Decoder:
         text.update(generated[:offset], final=False)  # what the client already holds
         replay = text.update(generated, final=False)
         finish = ended = ""
-        fenced = False
+        fenced = keep_record = False
         try:
             yield Chunk(req.session_id, replay, stats, offset=offset, replayed=generated[offset:], request=req)
             while not finish:
@@ -198,6 +200,11 @@ class Decoder:
         except Fenced:
             fenced = True   # the new driver holds the record and the caches now: leave them be
             raise
+        except ServiceError as error:
+            # A tier or Redis down past its retry window: the client may resume once it is back, so the
+            # record stays (until its TTL); the caches go, they are rebuilt on resume.
+            keep_record = error.code == grpc.StatusCode.UNAVAILABLE
+            raise
         finally:
             if s.prefill is not None:   # the loop failed before using it
                 s.prefill.cancel()
@@ -211,7 +218,7 @@ class Decoder:
                      "handed over" if fenced else "finished", ended or "aborted", stats.committed_tokens,
                      stats.steps, stats.accepted_tokens, stats.draft_tokens, stats.elapsed_s)
             if not fenced:
-                await asyncio.shield(self._release(req.session_id, s.touched))
+                await asyncio.shield(self._release(req.session_id, s.touched, keep_record))
 
     async def step(self, s: _Stream) -> StepResult:
         """Propose k draft tokens, verify them in one target pass, accept a prefix, commit."""
@@ -300,11 +307,11 @@ class Decoder:
         return cache_pb2.CacheSync(start=start, token_ids=s.committed[start:],
                                    prefix_fingerprint=s.fingerprints.at(start))
 
-    async def _release(self, session_id: str, touched: set[tuple[str, str]]) -> None:
+    async def _release(self, session_id: str, touched: set[tuple[str, str]], keep_record: bool = False) -> None:
         """Free the session's caches on every replica it reached, and its Redis record; a failure
         here only costs memory until the replica's idle TTL or LRU eviction."""
         request = cache_pb2.ReleaseRequest(session_id=session_id)
-        calls = [self.sessions.release(session_id)]
+        calls = [] if keep_record else [self.sessions.release(session_id)]
         for pool in (self.drafts, self.verifiers):
             for replica in pool.replicas:
                 if (pool.tier, replica.address) in touched:

@@ -135,7 +135,7 @@ class Stream:
             self._call.cancel()
 
     def _run(self) -> Iterator[orchestrator_pb2.GenerateChunk]:
-        request, received, attempt = self._request, None, 0
+        request, received, attempt, broke = self._request, None, 0, None
         while True:
             try:
                 self._call = self._client.stub.Generate(request, timeout=self._timeout, wait_for_ready=attempt > 0,
@@ -145,9 +145,12 @@ class Stream:
                     yield chunk
                 return
             except grpc.RpcError as error:
+                if broke is not None and error.code() == grpc.StatusCode.NOT_FOUND:
+                    raise broke from None   # nothing left to resume: what broke the stream is the answer
                 if (error.code() != grpc.StatusCode.UNAVAILABLE or received is None
                         or attempt >= self._client.resume_attempts):
                     raise
+                broke = error
                 attempt += 1
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))   # the channel reconnects meanwhile (to another replica)
                 request = orchestrator_pb2.GenerateRequest(session_id=request.session_id, resume_offset=received)
