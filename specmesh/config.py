@@ -24,13 +24,25 @@ def _check_kernels(config) -> None:
 
 
 @dataclass(frozen=True)
-class DraftConfig:
-    port: int = setting(50061, "gRPC port of the Draft service")
+class ServiceSettings:
+    """What every gRPC tier (draft, verifier, orchestrator) takes alike."""
+
+    host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
+                               "`specmesh up` uses 127.0.0.1")
     internal_token_file: str | None = setting(
         None, "a file holding the token internal calls carry (orchestrator -> draft and verifier; a mounted "
               "Secret); set on all three tiers to lock the internal APIs; unset: they are open")
-    host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
-                               "`specmesh up` uses 127.0.0.1")
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "largest gRPC message received or sent (the orchestrator's: also on its channels to the replicas); a "
+        "bigger one is refused with RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of "
+        "token ids (a cache-miss resend, ~5 bytes a token) fits many times over")
+    metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
+
+
+@dataclass(frozen=True)
+class DraftConfig(ServiceSettings):
+    port: int = setting(50061, "gRPC port of the Draft service")
     draft_model: str | None = setting(
         None, "a small causal LM sharing the target's vocabulary (HF folder, hub id or .gguf); "
               "without one only model-free drafters (n-gram prompt lookup) are served")
@@ -61,24 +73,13 @@ class DraftConfig:
         "packed", choices=LINEAR_KERNELS,
         help="how the draft model's linear layers run (specmesh/fast_linear.py): packed, stock or int8-dynamic; "
              "a draft may be quantized freely, the rule stays exact and only acceptance moves")
-    max_message_bytes: int = setting(
-        DEFAULT_MAX_MESSAGE_BYTES,
-        "largest gRPC message received or sent; a bigger one is refused with "
-        "RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
-        "resend, ~5 bytes a token) fits many times over")
-    metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
     __post_init__ = _check_kernels
 
 
 @dataclass(frozen=True)
-class VerifierConfig:
+class VerifierConfig(ServiceSettings):
     port: int = setting(50062, "gRPC port of the Verifier service")
-    internal_token_file: str | None = setting(
-        None, "a file holding the token internal calls carry (orchestrator -> draft and verifier; a mounted "
-              "Secret); set on all three tiers to lock the internal APIs; unset: they are open")
-    host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
-                               "`specmesh up` uses 127.0.0.1")
     model: str = setting(DEFAULT_MODEL, "the target: 'smollm2' (embedded), an HF folder or hub id, or a .gguf file")
     device: str = setting("cpu", "cpu or cuda")
     dtype: str | None = setting(None, "float32, bfloat16 or float16; unset: float32 (bf16 is slower on AVX2 CPUs)")
@@ -98,27 +99,16 @@ class VerifierConfig:
              "oneDNN, so a (k + 1)-token Verify costs ~1.05x a 1-token step instead of 1.5-2x with stock MKL on "
              "CPU; same outputs to float rounding; +1 weight copy, 1-2 s at start-up; a no-op on GPUs), stock, "
              "or int8-dynamic (a different target: only on request)")
-    max_message_bytes: int = setting(
-        DEFAULT_MAX_MESSAGE_BYTES,
-        "largest gRPC message received or sent; a bigger one is refused with "
-        "RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
-        "resend, ~5 bytes a token) fits many times over")
-    metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
     __post_init__ = _check_kernels
 
 
 @dataclass(frozen=True)
-class OrchestratorConfig:
+class OrchestratorConfig(ServiceSettings):
     port: int = setting(50051, "gRPC port of the public Orchestrator API")
     auth_tokens_file: str | None = setting(
         None, "bearer tokens accepted on the public API, one per line (a mounted Secret), re-read when the file "
               "changes; a call without one is UNAUTHENTICATED; unset: no authentication")
-    internal_token_file: str | None = setting(
-        None, "a file holding the token internal calls carry (orchestrator -> draft and verifier; a mounted "
-              "Secret); set on all three tiers to lock the internal APIs; unset: they are open")
-    host: str = setting("[::]", "interface to listen on (and serve metrics on): [::] every one, as in a pod; "
-                               "`specmesh up` uses 127.0.0.1")
     model: str = setting(DEFAULT_MODEL, "the target, for its tokenizer and chat template")
     draft_addrs: tuple[str, ...] = setting(("localhost:50061",), "draft replicas, comma-separated host:port")
     verifier_addrs: tuple[str, ...] = setting(("localhost:50062",), "verifier replicas, comma-separated host:port")
@@ -153,12 +143,6 @@ class OrchestratorConfig:
     replica_retry_s: float = setting(
         20.0, "how long a step waits for a replica when every replica of a tier fails (a rolling restart, a "
               "rescheduled pod) before the client gets UNAVAILABLE")
-    max_message_bytes: int = setting(
-        DEFAULT_MAX_MESSAGE_BYTES,
-        "largest gRPC message received or sent, on the public port and on the channels to the replicas; a "
-        "bigger one is refused with RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of token ids (a cache-miss "
-        "resend, ~5 bytes a token) fits many times over")
-    metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
 
 
 @dataclass(frozen=True)
