@@ -82,7 +82,7 @@ def _wait_for(condition, timeout_s: float = 30.0) -> bool:
 
 def test_models_lists_the_target_and_its_drafters(sdk, model):
     ids = [m.id for m in sdk.models.list()]
-    assert ids == [model, f"{model}:model", f"{model}:ngram"]
+    assert ids == [model, f"{model}:hybrid", f"{model}:model", f"{model}:ngram"]   # every drafter served
     assert sdk.models.retrieve(f"{model}:ngram").id == f"{model}:ngram"
 
 
