@@ -16,9 +16,8 @@ log = logging.getLogger("specmesh.draft")
 
 
 async def serve(config: DraftConfig) -> None:
-    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
-                             interceptors=auth.server_interceptors(internal_token_file=config.internal_token_file),
-                             max_message_bytes=config.max_message_bytes)
+    runtime = ServiceRuntime.from_settings(
+        [SERVICE_NAME], config, interceptors=auth.server_interceptors(internal_token_file=config.internal_token_file))
     host = EngineHost("draft model", tier="draft")
     telemetry.observe_engine("draft", host)
     servicer = DraftServicer(host)

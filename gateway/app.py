@@ -189,7 +189,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         # The channel belongs to the server's event loop, so it is made here, not at import.
-        app.state.upstream = Upstream(config.orchestrator_addr, config.request_timeout_s, config.served_model_name)
+        app.state.upstream = Upstream(config.orchestrator_addr, config.request_timeout_s, config.served_model_name,
+                                        tls=config.channel_tls())
         app.state.completions = Completions(app.state.upstream, metrics, config.sse_ping_s, config.shutdown_grace_s)
         yield
         await app.state.upstream.close()

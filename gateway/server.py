@@ -26,9 +26,13 @@ def uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
         # A little past the streams' own grace (EventSourceResponse), so they end first and cleanly.
         timeout_graceful_shutdown=config.shutdown_grace_s + 5,
         # The SDKs keep connections open between requests; keep them long enough to be reused.
-        timeout_keep_alive=30)
+        timeout_keep_alive=30,
+        # HTTPS when given a certificate (uvicorn's own TLS; a TLS-terminating ingress in front is as good).
+        ssl_certfile=config.tls_cert_file, ssl_keyfile=config.tls_key_file)
 
 
 def serve(config: GatewayConfig) -> None:
-    log.info("gateway on http://%s:%d/v1 -> orchestrator %s", config.host, config.http_port, config.orchestrator_addr)
+    scheme = "https" if config.https() else "http"
+    log.info("gateway on %s://%s:%d/v1 -> orchestrator %s", scheme, config.host, config.http_port,
+             config.orchestrator_addr)
     uvicorn.Server(uvicorn_config(config)).run()

@@ -22,6 +22,7 @@ import grpc
 
 from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from specmesh.errors import ServiceError, Unavailable, is_cache_miss
+from specmesh.tls import ChannelTLS, aio_channel
 from orchestrator.sessions import Handle
 
 log = logging.getLogger("specmesh.orchestrator")
@@ -67,6 +68,9 @@ class ReplicaPool(Generic[S]):
     cooldown_s: float = 2.0
     # How long a call keeps trying when every replica fails (a rolling restart, a pod rescheduled).
     retry_s: float = 20.0
+    # How a replica's channel is (re)made: kept so the channels can be remade when TLS files rotate.
+    make_channel: Callable[[str], grpc.aio.Channel] | None = None
+    stub_cls: Callable[[grpc.aio.Channel], S] | None = None
     _by_address: dict[str, Replica[S]] = field(init=False)
 
     def __post_init__(self):
@@ -75,15 +79,29 @@ class ReplicaPool(Generic[S]):
     @classmethod
     def connect(cls, tier: str, addresses: Sequence[str], stub_cls: Callable[[grpc.aio.Channel], S],
                 interceptors=(), retry_s: float = 20.0,
-                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> "ReplicaPool[S]":
+                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: ChannelTLS | None = None
+                ) -> "ReplicaPool[S]":
         if not addresses:
             raise ValueError(f"no {tier} replica addresses configured")
+        options = [*_CHANNEL_OPTIONS, *message_size_options(max_message_bytes)]
+
+        def make_channel(address: str) -> grpc.aio.Channel:
+            return aio_channel(address, tls, options=options, interceptors=list(interceptors))
+
         replicas = []
         for address in addresses:
-            options = [*_CHANNEL_OPTIONS, *message_size_options(max_message_bytes)]
-            channel = grpc.aio.insecure_channel(address, options=options, interceptors=list(interceptors))
+            channel = make_channel(address)
             replicas.append(Replica(address, channel, stub_cls(channel)))
-        return cls(tier, replicas, retry_s=retry_s)
+        return cls(tier, replicas, retry_s=retry_s, make_channel=make_channel, stub_cls=stub_cls)
+
+    def reconnect(self, grace_s: float) -> None:
+        """A new channel for every replica (fresh TLS credentials after a certificate rotated).
+        Calls in flight finish on the old channels, which close after `grace_s`."""
+        for replica in self.replicas:
+            old = replica.channel
+            replica.channel = self.make_channel(replica.address)
+            replica.stub = self.stub_cls(replica.channel)
+            asyncio.ensure_future(old.close(grace=grace_s))
 
     def pick(self, preferred: str = "", exclude: set[str] = frozenset()) -> Replica[S] | None:
         """The preferred replica if it is up, else the least busy one that is up; None when all are excluded."""

@@ -13,7 +13,7 @@ from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.requests import Limits
 from orchestrator.servicer import SERVICE_NAME, OrchestratorServicer
 from orchestrator.sessions import SessionStore
-from specmesh import auth, telemetry
+from specmesh import auth, telemetry, tls
 from specmesh.config import OrchestratorConfig
 from specmesh.models import ModelInfo, VocabularyMismatch, check_same_vocab, load_tokenizer
 from specmesh.server import ServiceRuntime
@@ -70,10 +70,10 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
                       else [])]
     drafts = ReplicaPool.connect("draft", config.draft_addrs, draft_pb2_grpc.DraftStub,
                                  interceptors=interceptors, retry_s=config.replica_retry_s,
-                                 max_message_bytes=config.max_message_bytes)
+                                 max_message_bytes=config.max_message_bytes, tls=config.channel_tls())
     verifiers = ReplicaPool.connect("verifier", config.verifier_addrs, verifier_pb2_grpc.VerifierStub,
                                     interceptors=interceptors, retry_s=config.replica_retry_s,
-                                    max_message_bytes=config.max_message_bytes)
+                                    max_message_bytes=config.max_message_bytes, tls=config.channel_tls())
     verifier_infos = await infos(verifiers, "specmesh.v1.Verifier")
     draft_infos = await infos(drafts, "specmesh.v1.Draft")
     check_replicas(info, verifier_infos, draft_infos)
@@ -109,17 +109,25 @@ async def serve(config: OrchestratorConfig) -> None:
     sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s, os.environ.get("REDIS_PASSWORD"),
                                      config.redis_retry_s)
     servicer = OrchestratorServicer(sessions, config.max_active_sessions)
-    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
-                             interceptors=auth.server_interceptors(tokens_file=config.auth_tokens_file),
-                             max_message_bytes=config.max_message_bytes)
+    runtime = ServiceRuntime.from_settings(
+        [SERVICE_NAME], config, interceptors=auth.server_interceptors(tokens_file=config.auth_tokens_file))
     await runtime.start(lambda server: orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server))
     await connect(config, servicer, sessions)
     await runtime.set_serving(True)
     health = asyncio.ensure_future(follow_redis(runtime, sessions))
+    rotation = None
+    if (channel_tls := config.channel_tls()) is not None:
+        def reconnect() -> None:   # a renewed client certificate or CA: new channels, calls in flight finish
+            servicer.decoder.drafts.reconnect(config.rpc_timeout_s)
+            servicer.decoder.verifiers.reconnect(config.rpc_timeout_s)
+
+        rotation = asyncio.ensure_future(tls.follow_rotation(channel_tls, reconnect))
     log.info("orchestrator SERVING on port %d (drafts: %s; verifiers: %s; redis: %s)", runtime.port,
              ",".join(config.draft_addrs), ",".join(config.verifier_addrs), _redacted(config.redis_url))
     await runtime.run_until_stopped()
     health.cancel()
+    if rotation is not None:
+        rotation.cancel()
     await servicer.decoder.drafts.close()
     await servicer.decoder.verifiers.close()
     await sessions.client.aclose()

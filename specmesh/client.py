@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 import grpc
 
 from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
+from specmesh.tls import ChannelTLS
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc, sampling_pb2
 
 
@@ -76,8 +77,12 @@ class Client:
     when one dies mid-stream, the stream is resumed on another, transparently."""
 
     def __init__(self, address: str, resume_attempts: int = 5,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None):
-        self.channel = grpc.insecure_channel(address, options=message_size_options(max_message_bytes))
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None,
+                 tls: ChannelTLS | None = None):
+        options = message_size_options(max_message_bytes)
+        # TLS when given the CA that signed the orchestrator's certificate (and, for mutual TLS, our own pair).
+        self.channel = (grpc.secure_channel(address, tls.credentials(), options=options) if tls is not None
+                        else grpc.insecure_channel(address, options=options))
         # A bearer token for an orchestrator that requires one (auth_tokens_file).
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)

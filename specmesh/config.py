@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES
 from specmesh.models import DEFAULT_MODEL
 from specmesh.settings import setting
+from specmesh.tls import ChannelTLS, ServerTLS, channel_tls, server_tls
 
 # The ways a model's linear layers can run: see specmesh/fast_linear.py.
 LINEAR_KERNELS = ("packed", "stock", "int8-dynamic")
@@ -38,6 +39,17 @@ class ServiceSettings:
         "bigger one is refused with RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of "
         "token ids (a cache-miss resend, ~5 bytes a token) fits many times over")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
+    tls_cert_file: str | None = setting(
+        None, "PEM certificate (chain) of this service: with tls_key_file its gRPC port speaks TLS only; the "
+              "orchestrator also presents it to the draft and verifier (mutual TLS); re-read when it changes "
+              "(a mounted Secret that cert-manager renews)")
+    tls_key_file: str | None = setting(None, "PEM private key of tls_cert_file")
+    tls_client_ca_file: str | None = setting(
+        None, "PEM CA bundle: a caller must present a certificate it signed (mutual TLS), or gets no connection; "
+              "set on the draft and verifier to admit only holders of the internal certificate")
+
+    def server_tls(self) -> ServerTLS | None:
+        return server_tls(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,10 @@ class OrchestratorConfig(ServiceSettings):
     model: str = setting(DEFAULT_MODEL, "the target, for its tokenizer and chat template")
     draft_addrs: tuple[str, ...] = setting(("localhost:50061",), "draft replicas, comma-separated host:port")
     verifier_addrs: tuple[str, ...] = setting(("localhost:50062",), "verifier replicas, comma-separated host:port")
+    tls_ca_file: str | None = setting(
+        None, "PEM CA bundle the draft and verifier certificates must chain to: set, calls to them use TLS (and "
+              "present tls_cert_file and tls_key_file, for replicas that require mutual TLS); re-read when it "
+              "changes")
     redis_url: str = setting("redis://localhost:6379/0", "sessions live here; REDIS_PASSWORD, if set, is added "
                                                          "to it (so the password can come from a Secret)",
                              env="REDIS_URL")
@@ -144,6 +160,10 @@ class OrchestratorConfig(ServiceSettings):
         20.0, "how long a step waits for a replica when every replica of a tier fails (a rolling restart, a "
               "rescheduled pod) before the client gets UNAVAILABLE")
 
+    def channel_tls(self) -> ChannelTLS | None:
+        """TLS of the orchestrator's calls to the draft and verifier tiers."""
+        return channel_tls(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -166,6 +186,19 @@ class GatewayConfig:
     shutdown_grace_s: float = setting(30.0, "on SIGTERM, open streams get this long to finish")
     access_log: bool = setting(False, "one log line per HTTP request; off by default (the metrics count "
                                       "requests)")
+    tls_cert_file: str | None = setting(
+        None, "PEM certificate (chain): with tls_key_file the gateway serves HTTPS, and presents it to an "
+              "orchestrator that requires mutual TLS; read at start-up (restart to rotate)")
+    tls_key_file: str | None = setting(None, "PEM private key of tls_cert_file")
+    tls_ca_file: str | None = setting(
+        None, "PEM CA bundle the orchestrator's certificate must chain to: set, the gateway calls it over TLS")
+
+    def channel_tls(self) -> ChannelTLS | None:
+        return channel_tls(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+
+    def https(self) -> bool:
+        """Whether the gateway serves HTTPS; half a pair is an error, not plain HTTP."""
+        return server_tls(self.tls_cert_file, self.tls_key_file) is not None
 
 
 SERVICE_CONFIGS = {"draft": DraftConfig, "verifier": VerifierConfig, "orchestrator": OrchestratorConfig,

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from specmesh import telemetry
 from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from specmesh.errors import ServiceError
+from specmesh.tls import ServerTLS, server_credentials
 
 log = logging.getLogger("specmesh.server")
 
@@ -167,8 +168,11 @@ class ServiceRuntime:
 
     def __init__(self, service_names: Iterable[str], port: int, *, host: str = "[::]", grace_s: float = 30.0,
                  interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, tls: ServerTLS | None = None):
         self.service_names = list(service_names)
+        # Built now, so a missing or mismatched certificate stops start-up with its name, not the first handshake.
+        self._credentials = server_credentials(tls) if tls is not None else None
+        self.security = ("mutual TLS" if tls.client_ca_file else "TLS") if tls is not None else "plaintext"
         self.host, self.port, self.grace_s = host, port, grace_s
         # Tracing's interceptor (none when tracing is off) goes first: its span covers the status mapping.
         self.interceptors = [*telemetry.server_interceptors(), *interceptors,
@@ -178,17 +182,26 @@ class ServiceRuntime:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._stopping = asyncio.Event()
 
+    @classmethod
+    def from_settings(cls, service_names: Iterable[str], config, interceptors=()) -> "ServiceRuntime":
+        """A runtime for a tier's settings (specmesh.config.ServiceSettings): port, host, size limit, TLS."""
+        return cls(service_names, config.port, host=config.host, interceptors=interceptors,
+                   max_message_bytes=config.max_message_bytes, tls=config.server_tls())
+
     async def start(self, register: Callable[[grpc.aio.Server], None], descriptors: Iterable[str] = ()) -> int:
         register(self.server)
         reflection.enable_server_reflection([*descriptors, *self.service_names, reflection.SERVICE_NAME,
                                              health.SERVICE_NAME], self.server)
-        bound = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        bound = (self.server.add_secure_port(address, self._credentials) if self._credentials is not None
+                 else self.server.add_insecure_port(address))
         if bound == 0:
             raise RuntimeError(f"could not bind {self.host}:{self.port} (in use?)")
         self.port = bound
         await self.set_serving(False)
         await self.server.start()
-        log.info("listening on %s:%d (%s), NOT_SERVING until ready", self.host, bound, ", ".join(self.service_names))
+        log.info("listening on %s:%d (%s, %s), NOT_SERVING until ready", self.host, bound, self.security,
+                 ", ".join(self.service_names))
         return bound
 
     async def set_serving(self, serving: bool) -> None:

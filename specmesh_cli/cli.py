@@ -60,6 +60,28 @@ TIER_HELP = {"draft": "the draft service [port 50061]", "verifier": "the verifie
              "gateway": "the OpenAI-compatible HTTP API [port 8000]"}
 
 
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a command reaches a locked orchestrator: a bearer token, TLS, mutual TLS."""
+    parser.add_argument("--token-file", default=os.environ.get("SPECMESH_TOKEN_FILE"),
+                        help="a file holding the bearer token (an orchestrator with auth_tokens_file) "
+                             "[SPECMESH_TOKEN_FILE]")
+    parser.add_argument("--tls-ca-file", default=os.environ.get("SPECMESH_TLS_CA_FILE"),
+                        help="CA of the orchestrator's certificate: connect over TLS [SPECMESH_TLS_CA_FILE]")
+    parser.add_argument("--tls-cert-file", default=None, help="client certificate, for mutual TLS")
+    parser.add_argument("--tls-key-file", default=None, help="its private key")
+
+
+def client_for(args, address: str | None = None, **kwargs):
+    """A specmesh.client.Client from add_client_arguments' flags."""
+    from specmesh import auth
+    from specmesh.client import Client
+    from specmesh.tls import channel_tls
+
+    token = auth.read_token(args.token_file) if args.token_file else None
+    return Client(address or args.addr, token=token,
+                  tls=channel_tls(args.tls_ca_file, args.tls_cert_file, args.tls_key_file), **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
     from specmesh.config import SERVICE_CONFIGS
 
@@ -89,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+    add_client_arguments(g)
 
     dist = sub.add_parser("distill", help="train a draft model for a target by self-distillation")
     from distill import run as distill_run
@@ -137,14 +160,14 @@ def _serve(args) -> None:
 def _generate(args) -> int:
     import grpc
 
-    from specmesh.client import Client, Completion, build_request
+    from specmesh.client import Completion, build_request
 
     request = build_request(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                             k=args.k, drafter=args.drafter, stop=args.stop)
     completion = Completion()
     try:
-        with Client(args.addr) as client:
+        with client_for(args) as client:
             for chunk in client.stream(request):
                 completion.add(chunk)
                 if not args.json and chunk.text:
@@ -152,6 +175,9 @@ def _generate(args) -> int:
     except grpc.RpcError as error:
         print(f"\nerror: {error.code().name}: {error.details()}", file=sys.stderr)
         return 1
+    except (OSError, ValueError) as error:   # a token or certificate file that is missing or wrong
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(completion.as_dict()))
     else:
@@ -225,7 +251,7 @@ def _up(args, exit_after_demo: bool = False) -> int:
 
 def _demo(address: str, prompt: str, max_new_tokens: int) -> None:
     """Stream one chat answer through the whole stack, then its stats."""
-    from specmesh.client import Client, Completion, build_request
+    from specmesh.client import Completion, build_request
 
     print(f"\n> {prompt}\n", flush=True)
     completion = Completion()

@@ -24,17 +24,18 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specmesh.tls import ChannelTLS
 from specmesh_cli.children import die_with_parent
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
 
 log = logging.getLogger("specmesh.launcher")
 
 def wait_serving(address: str, service: str, process: subprocess.Popen | None, timeout_s: float,
-                 describe: str = "") -> None:
+                 describe: str = "", tls: ChannelTLS | None = None) -> None:
     """Poll grpc.health.v1 until `service` is SERVING; fail fast if the process dies."""
     deadline = time.monotonic() + timeout_s
     last_note = time.monotonic()
-    with grpc.insecure_channel(address) as channel:
+    with (grpc.secure_channel(address, tls.credentials()) if tls else grpc.insecure_channel(address)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
@@ -101,6 +102,11 @@ class Cluster:
     # The OpenAI-compatible HTTP gateway's port; None: no gateway.
     http_port: int | None = None
     gateway_args: list[str] = field(default_factory=list)
+    # TLS everywhere: every gRPC port serves this certificate, the draft and verifier require client
+    # certificates from this CA (mutual TLS), the orchestrator and gateway verify their upstreams with
+    # it, and an embedded Redis speaks TLS too. The certificate must name localhost and serve as both
+    # server and client certificate.
+    tls: ChannelTLS | None = None
 
     @property
     def address(self) -> str:
@@ -132,8 +138,18 @@ class Cluster:
     def verifier_port(self) -> int:
         return self.verifier_ports[0]
 
+    def _tls_env(self, tier: str) -> dict[str, str]:
+        if self.tls is None:
+            return {}
+        env = {"SPECMESH_TLS_CA_FILE": self.tls.ca_file}   # orchestrator -> replicas, gateway -> orchestrator
+        if tier != "gateway":   # the gateway stays plain HTTP on loopback
+            env |= {"SPECMESH_TLS_CERT_FILE": self.tls.cert_file, "SPECMESH_TLS_KEY_FILE": self.tls.key_file}
+        if tier in ("draft", "verifier"):
+            env["SPECMESH_TLS_CLIENT_CA_FILE"] = self.tls.ca_file
+        return env
+
     def _spawn(self, name: str, tier: str, args: list[str]) -> subprocess.Popen:
-        env = {**os.environ, **self.extra_env}
+        env = {**os.environ, **self._tls_env(tier), **self.extra_env}
         if tier == "verifier" and "SPECMESH_TORCH_THREADS" not in env:
             # The tiers share this machine: leave a core to the draft and the orchestrator.
             # torch threads that outnumber free cores spin against each other and a step
@@ -171,7 +187,7 @@ class Cluster:
         if self.redis is not None and self.redis.process.poll() is not None:
             log.warning("redis-server exited with code %s; restarting it on port %d",
                         self.redis.process.returncode, self.redis.port)
-            self.redis = EmbeddedRedis(port=self.redis.port).start()
+            self.redis = self.redis.again().start()
             restarted.append("redis")
         self._pending = []   # restarted children report SERVING on their own; nothing waits for them here
         return restarted
@@ -214,14 +230,14 @@ class Cluster:
             if service == "http":
                 wait_http_ok(address, process, self.startup_timeout_s, f"{name} service")
             else:
-                wait_serving(address, service, process, self.startup_timeout_s, f"{name} service")
+                wait_serving(address, service, process, self.startup_timeout_s, f"{name} service", self.tls)
             log.info("%s SERVING at %s (pid %d)", name, address, process.pid)
         self._pending = []
 
     def start(self) -> "Cluster":
         try:
             if not self.redis_url:
-                self.redis = EmbeddedRedis().start()
+                self.redis = EmbeddedRedis(tls=self.tls).start()
                 self.redis_url = self.redis.url
                 log.info("embedded redis-server at %s", self.redis_url)
             self.draft_ports = self.draft_ports or [free_port() for _ in range(self.draft_replicas)]

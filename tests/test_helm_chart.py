@@ -158,7 +158,14 @@ def test_every_tier_has_grpc_probes_on_its_own_port_and_service(docs):
     for tier, (service, port) in TIERS.items():
         c = container(deployments[f"{FULLNAME}-{tier}"])
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert set(c[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, (tier, probe)
+            kind = set(c[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"}
+            if kind == {"exec"}:   # with TLS (production): the same health check, over TLS, by specmesh_cli.probe
+                command = c[probe]["exec"]["command"]
+                assert command[:3] == ["python", "-m", "specmesh_cli.probe"], (tier, probe)
+                c[probe]["grpc"] = {"port": int(command[command.index("--port") + 1]),
+                                    "service": command[command.index("--service") + 1]}
+            else:
+                assert kind == {"grpc"}, (tier, probe)
             assert c[probe]["grpc"]["port"] == port
         # Readiness and startup wait for the model (the tier's service turns SERVING once loaded).
         assert c["readinessProbe"]["grpc"]["service"] == service

@@ -24,7 +24,10 @@ BEGIN, END = "<!-- settings:begin (python -m tools.settings_doc) -->", "<!-- set
 # Settings the chart wires from its own values (ports, model names, Service
 # addresses, the Redis URL and password): not settable through <tier>.settings.
 CHART_OWNED = {"port", "metrics_port", "model", "draft_model", "device", "draft_addrs", "verifier_addrs",
-               "redis_url", "http_port", "orchestrator_addr", "shutdown_grace_s"}
+               "redis_url", "http_port", "orchestrator_addr", "shutdown_grace_s",
+               # mounted from Secrets by the chart's `tls` and `auth` values
+               "tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_ca_file", "auth_tokens_file",
+               "internal_token_file"}
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", tuple: "string"}
 

@@ -19,9 +19,8 @@ log = logging.getLogger("specmesh.verifier")
 
 
 async def serve(config: VerifierConfig) -> None:
-    runtime = ServiceRuntime([SERVICE_NAME], config.port, host=config.host,
-                             interceptors=auth.server_interceptors(internal_token_file=config.internal_token_file),
-                             max_message_bytes=config.max_message_bytes)
+    runtime = ServiceRuntime.from_settings(
+        [SERVICE_NAME], config, interceptors=auth.server_interceptors(internal_token_file=config.internal_token_file))
     host = EngineHost("target model", tier="verifier")
     telemetry.observe_engine("verifier", host)
     servicer = VerifierServicer(host, VerifyBatcher(host, config.max_batch, config.batch_window_ms / 1000))

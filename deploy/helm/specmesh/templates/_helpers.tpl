@@ -346,6 +346,7 @@ spec:
             {{- with .env }}
             {{- . | nindent 12 }}
             {{- end }}
+            {{- include "specmesh.securityEnv" (dict "root" $root "tier" $tier) | nindent 12 }}
             {{- include "specmesh.settingsEnv" $tv | nindent 12 }}
             {{- with $tv.extraEnv }}
             {{- toYaml . | nindent 12 }}
@@ -358,23 +359,17 @@ spec:
           # loading, readiness gates traffic (and flips during SIGTERM
           # draining), liveness only asks whether the server answers.
           startupProbe:
-            grpc:
-              port: {{ $tv.port }}
-              service: {{ $grpcService }}
+            {{- include "specmesh.grpcProbe" (dict "root" $root "tier" $tier "service" $grpcService) | nindent 12 }}
             periodSeconds: {{ $tv.probes.startup.periodSeconds }}
             timeoutSeconds: 5
             failureThreshold: {{ $tv.probes.startup.failureThreshold }}
           readinessProbe:
-            grpc:
-              port: {{ $tv.port }}
-              service: {{ $grpcService }}
+            {{- include "specmesh.grpcProbe" (dict "root" $root "tier" $tier "service" $grpcService) | nindent 12 }}
             periodSeconds: {{ $tv.probes.readiness.periodSeconds }}
             timeoutSeconds: {{ $tv.probes.readiness.timeoutSeconds }}
             failureThreshold: {{ $tv.probes.readiness.failureThreshold }}
           livenessProbe:
-            grpc:
-              port: {{ $tv.port }}
-              service: ""
+            {{- include "specmesh.grpcProbe" (dict "root" $root "tier" $tier "service" "") | nindent 12 }}
             periodSeconds: {{ $tv.probes.liveness.periodSeconds }}
             timeoutSeconds: {{ $tv.probes.liveness.timeoutSeconds }}
             failureThreshold: {{ $tv.probes.liveness.failureThreshold }}
@@ -405,6 +400,7 @@ spec:
               subPath: {{ . }}
               {{- end }}
             {{- end }}
+            {{- include "specmesh.securityVolumeMounts" (dict "root" $root "tier" $tier) | nindent 12 }}
             {{- with $tv.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -431,6 +427,7 @@ spec:
             claimName: {{ $root.Values.models.existingClaim }}
             readOnly: {{ $root.Values.models.readOnly }}
         {{- end }}
+        {{- include "specmesh.securityVolumes" (dict "root" $root "tier" $tier) | nindent 8 }}
         {{- with $tv.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -537,5 +534,122 @@ release's Secret (kept across upgrades), else a new random one.
 {{- else -}}
 {{- randAlphaNum 32 -}}
 {{- end -}}
+{{- end -}}
+{{- end }}
+
+{{/* Security ------------------------------------------------------------ */}}
+
+{{/* The Secret holding tls.crt, tls.key and ca.crt. */}}
+{{- define "specmesh.tls.secretName" -}}
+{{- if .Values.tls.existingSecret -}}
+{{- .Values.tls.existingSecret -}}
+{{- else if .Values.tls.certManager.enabled -}}
+{{- printf "%s-tls" (include "specmesh.fullname" .) -}}
+{{- else -}}
+{{- fail "tls.enabled needs a certificate: set tls.existingSecret, or tls.certManager.enabled with tls.certManager.issuerRef.name" -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+TLS files and token files as each tier's settings: dict "root" $ "tier" "draft".
+Every gRPC tier serves tls.crt; the draft and verifier admit only client
+certificates from ca.crt (mutual TLS); the orchestrator presents tls.crt to
+them and checks theirs against ca.crt; the gateway checks the orchestrator's.
+*/}}
+{{- define "specmesh.securityEnv" -}}
+{{- $root := .root -}}
+{{- $tier := .tier -}}
+{{- if $root.Values.tls.enabled }}
+{{- $dir := $root.Values.tls.mountPath }}
+{{- if ne $tier "gateway" }}
+- name: SPECMESH_TLS_CERT_FILE
+  value: {{ printf "%s/tls.crt" $dir | quote }}
+- name: SPECMESH_TLS_KEY_FILE
+  value: {{ printf "%s/tls.key" $dir | quote }}
+{{- end }}
+{{- if has $tier (list "draft" "verifier") }}
+- name: SPECMESH_TLS_CLIENT_CA_FILE
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+{{- else }}
+- name: SPECMESH_TLS_CA_FILE
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+{{- end }}
+{{- if and $root.Values.auth.tokensSecret (eq $tier "orchestrator") }}
+- name: SPECMESH_AUTH_TOKENS_FILE
+  value: /etc/specmesh/auth/tokens
+{{- end }}
+{{- if and $root.Values.auth.internalTokenSecret (ne $tier "gateway") }}
+- name: SPECMESH_INTERNAL_TOKEN_FILE
+  value: /etc/specmesh/internal/internal-token
+{{- end }}
+{{- end }}
+
+{{/* Whole-folder Secret mounts (a subPath mount would never see a rotation). */}}
+{{- define "specmesh.securityVolumeMounts" -}}
+{{- $root := .root -}}
+{{- if $root.Values.tls.enabled }}
+- name: tls
+  mountPath: {{ $root.Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if and $root.Values.auth.tokensSecret (eq .tier "orchestrator") }}
+- name: auth-tokens
+  mountPath: /etc/specmesh/auth
+  readOnly: true
+{{- end }}
+{{- if and $root.Values.auth.internalTokenSecret (ne .tier "gateway") }}
+- name: internal-token
+  mountPath: /etc/specmesh/internal
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "specmesh.securityVolumes" -}}
+{{- $root := .root -}}
+{{- if $root.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "specmesh.tls.secretName" $root }}
+    {{- if eq .tier "gateway" }}
+    # The gateway only checks the orchestrator's certificate: no private key here.
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
+{{- end }}
+{{- if and $root.Values.auth.tokensSecret (eq .tier "orchestrator") }}
+- name: auth-tokens
+  secret:
+    secretName: {{ $root.Values.auth.tokensSecret }}
+    items:
+      - key: tokens
+        path: tokens
+{{- end }}
+{{- if and $root.Values.auth.internalTokenSecret (ne .tier "gateway") }}
+- name: internal-token
+  secret:
+    secretName: {{ $root.Values.auth.internalTokenSecret }}
+    items:
+      - key: internal-token
+        path: internal-token
+{{- end }}
+{{- end }}
+
+{{/*
+A gRPC health probe's action: dict "root" $ "tier" "draft" "service" "specmesh.v1.Draft".
+kubelet's own gRPC probe speaks plaintext only; with TLS the tier probes itself
+with its own certificate (python -m specmesh_cli.probe).
+*/}}
+{{- define "specmesh.grpcProbe" -}}
+{{- $tv := index .root.Values .tier -}}
+{{- if .root.Values.tls.enabled -}}
+exec:
+  command: ["python", "-m", "specmesh_cli.probe", "--port", {{ $tv.port | quote }}, "--service", {{ .service | quote }},
+            "--server-name", {{ include "specmesh.tierName" (dict "root" .root "tier" .tier) | quote }}]
+{{- else -}}
+grpc:
+  port: {{ $tv.port }}
+  service: {{ .service | quote }}
 {{- end -}}
 {{- end }}
