@@ -8,6 +8,8 @@ graceful shutdown, bounded by `shutdown_grace_s`).
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 import uvicorn
 
@@ -35,4 +37,8 @@ def serve(config: GatewayConfig) -> None:
     scheme = "https" if config.https() else "http"
     log.info("gateway on %s://%s:%d/v1 -> orchestrator %s", scheme, config.host, config.http_port,
              config.orchestrator_addr)
+    # uvicorn handles SIGTERM itself (stop accepting, let open streams finish), then re-raises it to the
+    # handler it found: make that one a clean exit, so a drained gateway ends with 0 like the gRPC tiers.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
     uvicorn.Server(uvicorn_config(config)).run()

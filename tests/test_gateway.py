@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 import urllib.request
 from collections import defaultdict
@@ -291,3 +292,33 @@ def test_fuzzed_requests_never_get_a_5xx(stack, model, http):
                              (f"localhost:{stack.verifier_port}", "specmesh.v1.Verifier")):
         assert health_status(address, service) == SERVING
     assert _wait_for(lambda: _cached_sessions(stack) == 0)
+
+
+def test_sigterm_lets_open_streams_finish_then_exits_cleanly(stack, model):
+    """Last in this module: it stops the gateway. SIGTERM closes the listening socket at once, while
+    a stream already open runs to its end ([DONE]); then the process exits with status 0."""
+    gateway = stack.processes["gateway"]
+    body = {"model": model, "prompt": "once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    finish, done, after_refusal = None, False, 0
+    with httpx.stream("POST", f"{stack.http_url}/v1/completions", json=body, timeout=60) as reply:
+        lines = reply.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        gateway.send_signal(signal.SIGTERM)
+        assert _wait_for(lambda: _refused(stack.http_url))   # no new connections...
+        for line in lines:                                     # ...while this stream goes on
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                after_refusal += 1
+                finish = json.loads(line[len("data: "):])["choices"][0]["finish_reason"] or finish
+    assert done and finish in ("length", "stop")   # ended as streams end, not cut off
+    assert after_refusal > 0
+    assert gateway.wait(60) == 0
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/ping", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import trustme
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -52,7 +53,8 @@ def sealed(tiny_models, pki, tmp_path_factory):
     root = tmp_path_factory.mktemp("sealed")
     with EmbeddedRedis(tls=pki, password=REDIS_PASSWORD) as redis:
         cluster = Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),
-                          redis_url=redis.url, log_dir=root / "logs", startup_timeout_s=900, tls=pki)
+                          redis_url=redis.url, log_dir=root / "logs", startup_timeout_s=900, tls=pki,
+                          http_port=free_port())
         with cluster:
             yield cluster, root
 
@@ -74,6 +76,13 @@ def test_the_public_api_speaks_tls_only(sealed, pki):
     assert speculative.token_ids == plain.token_ids   # lossless over TLS, through Redis over TLS
     with Client(cluster.address, resume_attempts=0) as plaintext:
         assert _code(lambda: plaintext.generate("hi", max_new_tokens=2)) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_gateway_reaches_the_orchestrator_over_tls(sealed):
+    cluster, _ = sealed
+    body = {"model": cluster.served_model(), "prompt": "hello there", "max_tokens": 6, "temperature": 0}
+    reply = httpx.post(f"{cluster.http_url}/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 6
 
 
 def test_a_server_signed_by_another_ca_is_not_trusted(sealed, tmp_path):
