@@ -113,7 +113,13 @@ def _refusing(handler, why: str):
     async def refuse(request, context):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"authentication failed: {why}")
 
-    return _replace(handler, lambda _: refuse, lambda _: refuse)
+    async def refuse_stream(request, context):
+        # An async generator, as a streaming handler must be for the interceptors around it
+        # (OpenTelemetry's iterates it; a plain coroutine there became UNKNOWN).
+        await refuse(request, context)
+        yield
+
+    return _replace(handler, lambda _: refuse, lambda _: refuse_stream)
 
 
 def _replace(handler, unary, stream):

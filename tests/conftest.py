@@ -74,3 +74,12 @@ def health_status(address: str, service: str) -> int:
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def status_of(call) -> grpc.StatusCode:
+    """The status a gRPC call ends with (OK when it returns)."""
+    try:
+        call()
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK

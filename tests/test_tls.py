@@ -26,6 +26,7 @@ from specmesh.tls import ChannelTLS, ServerTLS
 from specmesh.v1 import cache_pb2, draft_pb2_grpc, verifier_pb2_grpc
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from tests.conftest import status_of
 
 REDIS_PASSWORD = "redis-pw-3e8a91c7d0"
 HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -59,14 +60,6 @@ def sealed(tiny_models, pki, tmp_path_factory):
             yield cluster, root
 
 
-def _code(call) -> grpc.StatusCode:
-    try:
-        call()
-    except grpc.RpcError as error:
-        return error.code()
-    return grpc.StatusCode.OK
-
-
 def test_the_public_api_speaks_tls_only(sealed, pki):
     cluster, _ = sealed
     with Client(cluster.address, tls=ChannelTLS(pki.ca_file)) as client:
@@ -75,7 +68,7 @@ def test_the_public_api_speaks_tls_only(sealed, pki):
     assert speculative.finish_reason == "length" and len(speculative.token_ids) == 12
     assert speculative.token_ids == plain.token_ids   # lossless over TLS, through Redis over TLS
     with Client(cluster.address, resume_attempts=0) as plaintext:
-        assert _code(lambda: plaintext.generate("hi", max_new_tokens=2)) == grpc.StatusCode.UNAVAILABLE
+        assert status_of(lambda: plaintext.generate("hi", max_new_tokens=2)) == grpc.StatusCode.UNAVAILABLE
 
 
 def test_the_gateway_reaches_the_orchestrator_over_tls(sealed):
@@ -89,7 +82,7 @@ def test_a_server_signed_by_another_ca_is_not_trusted(sealed, tmp_path):
     cluster, _ = sealed
     elsewhere = write_pki(tmp_path, trustme.CA())
     with Client(cluster.address, tls=ChannelTLS(elsewhere.ca_file), resume_attempts=0) as client:
-        assert _code(lambda: client.generate("hi", max_new_tokens=2)) == grpc.StatusCode.UNAVAILABLE
+        assert status_of(lambda: client.generate("hi", max_new_tokens=2)) == grpc.StatusCode.UNAVAILABLE
 
 
 def test_internal_ports_admit_only_the_internal_certificate(sealed, pki, tmp_path):
@@ -104,11 +97,11 @@ def test_internal_ports_admit_only_the_internal_certificate(sealed, pki, tmp_pat
     for port, stub_cls in ((cluster.verifier_port, verifier_pb2_grpc.VerifierStub),
                            (cluster.draft_port, draft_pb2_grpc.DraftStub)):
         with grpc.insecure_channel(f"localhost:{port}") as channel:
-            assert _code(lambda: stub_cls(channel).Info(cache_pb2.InfoRequest(), timeout=5)) \
+            assert status_of(lambda: stub_cls(channel).Info(cache_pb2.InfoRequest(), timeout=5)) \
                 == grpc.StatusCode.UNAVAILABLE, "plaintext"
         for who, (expected, creds) in callers.items():
             with grpc.secure_channel(f"localhost:{port}", creds.credentials()) as channel:
-                code = _code(lambda: stub_cls(channel).Info(cache_pb2.InfoRequest(), timeout=5))
+                code = status_of(lambda: stub_cls(channel).Info(cache_pb2.InfoRequest(), timeout=5))
             assert code == expected, f"{who} on port {port}"
 
 
