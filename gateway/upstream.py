@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.errors import from_grpc
 from gateway.translate import Served
 from specmesh import telemetry
+from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from specmesh.tls import ChannelTLS, aio_channel
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -21,7 +22,8 @@ class Upstream:
     def __init__(self, address: str, timeout_s: float, served_name: str = "", models_ttl_s: float = 10.0,
                  tls: ChannelTLS | None = None):
         # One channel: HTTP/2 multiplexes every stream of this gateway over it.
-        self.channel = aio_channel(address, tls, interceptors=telemetry.client_interceptors() or None)
+        self.channel = aio_channel(address, tls, interceptors=telemetry.client_interceptors() or None,
+                                   options=message_size_options(DEFAULT_MAX_MESSAGE_BYTES))
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.timeout_s = timeout_s
