@@ -30,13 +30,15 @@ A run, in order:
 Why the twin is sound: with a seed, a session's tokens depend only on its
 prompt, its parameters and the seed. Every random draw is keyed on (seed,
 position), never on process state, and the verifier's batched forward pass
-gives each session the logits it gets alone (tests/test_batching.py). So a
-load stream that differs from its twin shows a failure handled wrong (a lost,
-repeated or corrupted token, a cache that was not rebuilt right) or a batch that
-changed a result: both are bugs this command exists to find. Twins that run
+gives each session its logits alone to float rounding (tests/test_batching.py).
+So a load stream that differs from its twin shows a failure handled wrong (a
+lost, repeated or corrupted token, a cache that was not rebuilt right), or a
+batch whose rounding decided a near-tie: the first is the bug this command
+exists to find, the second is worth knowing too. Twins that run
 alone also keep load and chaos out of the reference. `--reference FILE` takes
 the twins from an earlier soak's JSON instead (the same prompts and --seed give
-the same requests), so a chaos run can be checked against a calm one.
+the same requests, which the prompt kept with each twin confirms), so a chaos
+run can be checked against a calm one.
 
 Writes soak.json and soak.png (resident memory per process; latency) to --out,
 and prints a table. Exit status 1 when an output differs from its twin or has
@@ -421,12 +423,15 @@ def run(args) -> int:
         stack.settle(args.settle_s)
         memory["baseline"] = stack.memory()
         phase("warm-up")
-        if args.reference:
-            twins = json.loads(args.reference.read_text())["twins"]
+        if args.reference:   # only twins of the very same requests count (same prompts and --seed)
+            wanted = {r.key: r.prompt for r in distinct}
+            twins = {key: twin for key, twin in json.loads(args.reference.read_text())["twins"].items()
+                     if twin.get("prompt") == wanted.get(key)}
             twin_summary = {"from": str(args.reference)}
         else:
             twin_results, twin_wall = run_pass(stack, clients, distinct, args.twin_concurrency, args, "twin")
-            twins = {r.key: {"tokens": r.tokens, "finish_reason": r.finish_reason}
+            prompt_of = {r.key: r.prompt for r in distinct}
+            twins = {r.key: {"prompt": prompt_of[r.key], "tokens": r.tokens, "finish_reason": r.finish_reason}
                      for r in twin_results if not r.error}
             twin_summary = summarize(twin_results, twin_wall)
             stack.settle(args.settle_s)
