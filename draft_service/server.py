@@ -25,4 +25,6 @@ async def serve(config: DraftConfig) -> None:
     host.engine = await asyncio.to_thread(DraftEngine.from_config, config)
     await runtime.set_serving(True)
     log.info("draft SERVING on port %d (drafters: %s)", runtime.port, ", ".join(sorted(host.engine.drafters)))
+    trimming = asyncio.ensure_future(host.give_back_memory_when_idle())   # resident memory back after load
     await runtime.run_until_stopped()
+    trimming.cancel()

@@ -146,28 +146,51 @@ class Decoder:
 
     async def resume(self, session_id: str, offset: int) -> AsyncIterator[Chunk]:
         """Continue a session from its Redis record (its stream was lost): first the committed tokens
-        past `offset`, then new steps. Draws depend only on (seed, position), so nothing changes."""
+        past `offset`, then new steps. Draws depend only on (seed, position), so nothing changes.
+        A session that already ended (kept `finished_ttl_s`) replays its tail and ends the same way."""
         record = await self.sessions.get(session_id)
         if record is None:
             raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         if record.owner != auth.caller_id():
             raise PermissionDenied(f"session {session_id} belongs to another caller")
-        lease = await self.sessions.take_lease(session_id)   # fences off whoever drove it before
-        if not lease:
-            raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         committed = record.tokens[record.prompt_len:]
         if not 0 <= offset <= len(committed):
             raise InvalidArgument("resume_offset", f"must be in [0, {len(committed)}] (the tokens committed so far), "
                                                    f"got {offset}")
         req = _request_from_record(record)
+        if record.status == "finished":   # its driver ended it and released its caches: only the tail is left
+            text = TextStream(self.tokenizer, req.stop)
+            text.update(committed[:offset], final=False)
+            yield Chunk(session_id, text.update(committed, final=True), Stats(prompt_tokens=len(req.prompt_ids)),
+                        finish_reason=record.finish_reason, offset=offset, replayed=committed[offset:], request=req)
+            return
+        lease = await self.sessions.take_lease(session_id)   # fences off whoever drove it before
+        if not lease:
+            raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         s = _Stream(req, wire.sampling_to_pb(req.params), list(record.tokens), PrefixFingerprints(record.tokens),
                     record.draft_handle, record.verifier_handle, steps=record.step, lease=lease, owner=record.owner)
-        log.info("resuming session at %d of %d committed tokens (lease %d)", offset, len(committed), lease)
-        async for chunk in self._drive(s, offset):
+        # Its driver may have died after committing the last step, before ending it: then nothing is left
+        # to decode (a step past an EOS would invent tokens), only the caches it left to release.
+        s.touched = {(tier, h.replica) for tier, h in (("draft", s.draft), ("verifier", s.verifier)) if h.replica}
+        done = self._ended(req, committed)
+        log.info("resuming session at %d of %d committed tokens (lease %d%s)", offset, len(committed), lease,
+                 f", already ended: {done}" if done else "")
+        async for chunk in self._drive(s, offset, done):
             yield chunk
 
-    async def _drive(self, s: _Stream, offset: int) -> AsyncIterator[Chunk]:
-        """The loop: a first chunk (with the committed tokens past `offset`, when resuming), then a chunk per step."""
+    def _ended(self, req: GenerationRequest, generated: list[int]) -> str:
+        """How a session with these committed tokens has already ended: "stop", "length" or ""."""
+        if generated and generated[-1] in self.eos_token_ids:
+            return "stop"
+        text = TextStream(self.tokenizer, req.stop)
+        text.update(generated, final=True)
+        if text.stopped:
+            return "stop"
+        return "length" if len(generated) >= req.max_new_tokens else ""
+
+    async def _drive(self, s: _Stream, offset: int, finish: str = "") -> AsyncIterator[Chunk]:
+        """The loop: a first chunk (with the committed tokens past `offset`, when resuming), then a chunk per
+        step, until a step ends it (or at once: `finish`, a resumed session that had already ended)."""
         req = s.req
         stats = Stats(prompt_tokens=len(req.prompt_ids))
         text = TextStream(self.tokenizer, req.stop)
@@ -175,11 +198,12 @@ class Decoder:
         telemetry.record_request(req.drafter, len(req.prompt_ids))
         generated = s.committed[len(req.prompt_ids):]
         text.update(generated[:offset], final=False)  # what the client already holds
-        replay = text.update(generated, final=False)
-        finish = ended = ""
+        replay = text.update(generated, final=bool(finish))
+        ended = ""
         fenced = keep_record = False
         try:
-            yield Chunk(req.session_id, replay, stats, offset=offset, replayed=generated[offset:], request=req)
+            yield Chunk(req.session_id, replay, stats, finish_reason=finish, offset=offset,
+                        replayed=generated[offset:], request=req)
             while not finish:
                 started = time.perf_counter()
                 # The span ends before the yield: a step's children are Propose, Verify, accept and commit.
@@ -218,7 +242,7 @@ class Decoder:
                      "handed over" if fenced else "finished", ended or "aborted", stats.committed_tokens,
                      stats.steps, stats.accepted_tokens, stats.draft_tokens, stats.elapsed_s)
             if not fenced:
-                await asyncio.shield(self._release(req.session_id, s.touched, keep_record))
+                await asyncio.shield(self._release(req.session_id, s.touched, keep_record, ended, s.lease))
 
     async def step(self, s: _Stream) -> StepResult:
         """Propose k draft tokens, verify them in one target pass, accept a prefix, commit."""
@@ -307,11 +331,15 @@ class Decoder:
         return cache_pb2.CacheSync(start=start, token_ids=s.committed[start:],
                                    prefix_fingerprint=s.fingerprints.at(start))
 
-    async def _release(self, session_id: str, touched: set[tuple[str, str]], keep_record: bool = False) -> None:
-        """Free the session's caches on every replica it reached, and its Redis record; a failure
-        here only costs memory until the replica's idle TTL or LRU eviction."""
+    async def _release(self, session_id: str, touched: set[tuple[str, str]], keep_record: bool = False,
+                       finish: str = "", lease: int = 1) -> None:
+        """Free the session's caches on every replica it reached, and its Redis record: kept a while as
+        finished when the session ended (a client that lost the last chunks resumes and gets them),
+        deleted when it was abandoned. A failure here only costs memory until the replica's idle TTL or
+        LRU eviction, or Redis's TTL."""
         request = cache_pb2.ReleaseRequest(session_id=session_id)
-        calls = [] if keep_record else [self.sessions.release(session_id)]
+        calls = ([] if keep_record else [self.sessions.finish(session_id, lease, finish)] if finish
+                 else [self.sessions.release(session_id)])
         for pool in (self.drafts, self.verifiers):
             for replica in pool.replicas:
                 if (pool.tier, replica.address) in touched:

@@ -107,7 +107,7 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
 
 async def serve(config: OrchestratorConfig) -> None:
     sessions = SessionStore.from_url(config.redis_url, config.session_ttl_s, os.environ.get("REDIS_PASSWORD"),
-                                     config.redis_retry_s)
+                                     config.redis_retry_s, finished_ttl_s=config.finished_ttl_s)
     servicer = OrchestratorServicer(sessions, config.max_active_sessions)
     runtime = ServiceRuntime.from_settings(
         [SERVICE_NAME], config, interceptors=auth.server_interceptors(tokens_file=config.auth_tokens_file))

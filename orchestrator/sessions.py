@@ -4,7 +4,8 @@ Per session, two keys sharing a hash tag (so Redis Cluster keeps them on one slo
 
     specmesh:session:{ID}   hash: prompt_len, params (JSON), seed, step, status,
                             draft_handle, verifier_handle (JSON), lease (the fencing
-                            token of whoever drives it), owner (who may cancel or resume)
+                            token of whoever drives it), owner (who may cancel or resume),
+                            finish_reason (once finished)
     specmesh:tokens:{ID}    string: committed token ids, int32 little-endian
 
 Every change goes through a Lua script, so it is atomic: `commit` appends a
@@ -12,6 +13,11 @@ step's tokens only if the committed length is what the caller last saw, and
 reports a cancellation set meanwhile by `cancel` (from any orchestrator
 replica) in the same round trip. Both keys carry the session TTL, refreshed on
 every commit, so an abandoned session disappears on its own.
+
+A session that ended (EOS, a stop string, its length, a cancel) is kept a short
+while as "finished" with its finish reason (`finish`, `finished_ttl_s`): a
+client that lost the last chunks resumes and gets them, and the same end,
+instead of NOT_FOUND. Its id may be used again for a new session meanwhile.
 """
 from __future__ import annotations
 
@@ -31,7 +37,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from specmesh.errors import AlreadyExists, NotFound, PermissionDenied, ServiceError, Unavailable
 
 _CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HGET', KEYS[1], 'status') ~= 'finished' then return 0 end
+  redis.call('DEL', KEYS[1], KEYS[2])   -- a finished session's id may start a new one
+end
 redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -62,8 +71,20 @@ return redis.call('HINCRBY', KEYS[1], 'lease', 1)
 # ARGV: the caller. Only the session's owner (the caller that created it) may cancel it.
 _CANCEL = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'status') == 'finished' then return 0 end
 if (redis.call('HGET', KEYS[1], 'owner') or '') ~= ARGV[1] then return -1 end
 redis.call('HSET', KEYS[1], 'status', 'cancelled')
+return 1
+"""
+
+# ARGV: ttl, lease, finish reason. Only the driver (its lease) ends a session; the record stays
+# `ttl` seconds, for a resume that lost the last chunks.
+_FINISH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[2] then return -1 end
+redis.call('HSET', KEYS[1], 'status', 'finished', 'finish_reason', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
 return 1
 """
 
@@ -98,6 +119,7 @@ class SessionRecord:
     verifier_handle: Handle
     ttl_s: int
     owner: str = ""          # the caller that created it (auth.caller_id), "" without authentication
+    finish_reason: str = ""  # set once finished (status "finished"): how its stream ended
 
 
 class SessionLost(NotFound):
@@ -137,17 +159,20 @@ def unpack(data: bytes) -> list[int]:
 
 
 class SessionStore:
-    def __init__(self, client: redis.Redis, ttl_s: int, prefix: str = "specmesh"):
+    def __init__(self, client: redis.Redis, ttl_s: int, prefix: str = "specmesh", finished_ttl_s: int = 300):
         self.client = client
         self.ttl_s = ttl_s
+        self.finished_ttl_s = finished_ttl_s
         self.prefix = prefix
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT)
         self._cancel = client.register_script(_CANCEL)
         self._take_lease = client.register_script(_TAKE_LEASE)
+        self._finish = client.register_script(_FINISH)
 
     @classmethod
-    def from_url(cls, url: str, ttl_s: int, password: str | None = None, retry_s: float = 5.0) -> "SessionStore":
+    def from_url(cls, url: str, ttl_s: int, password: str | None = None, retry_s: float = 5.0,
+                 finished_ttl_s: int = 300) -> "SessionStore":
         """A password in the URL wins over `password` (REDIS_PASSWORD, kept in a Secret apart from the URL).
 
         redis-py retries a command on a lost connection with exponential backoff for about
@@ -157,7 +182,7 @@ class SessionStore:
         return cls(redis.Redis.from_url(
             url, password=password or None, socket_connect_timeout=1.0, socket_timeout=5.0,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError]), ttl_s)
+            retry_on_error=[RedisConnectionError, RedisTimeoutError]), ttl_s, finished_ttl_s=finished_ttl_s)
 
     def keys(self, session_id: str) -> list[str]:
         return [f"{self.prefix}:session:{{{session_id}}}", f"{self.prefix}:tokens:{{{session_id}}}"]
@@ -202,6 +227,15 @@ class SessionStore:
         return bool(result)
 
     @_unavailable_when_down
+    async def finish(self, session_id: str, lease: int, finish_reason: str) -> bool:
+        """Mark the session finished; it stays `finished_ttl_s` (0: deleted now). False when another
+        orchestrator holds it now, or it is gone."""
+        if self.finished_ttl_s <= 0:
+            return await self.release(session_id)
+        return await self._finish(keys=self.keys(session_id),
+                                  args=[self.finished_ttl_s, lease, finish_reason]) == 1
+
+    @_unavailable_when_down
     async def get(self, session_id: str) -> SessionRecord | None:
         key, tokens_key = self.keys(session_id)
         async with self.client.pipeline(transaction=True) as pipe:
@@ -213,7 +247,8 @@ class SessionStore:
                              params=json.loads(f["params"]), seed=int(f["seed"]), step=int(f["step"]),
                              status=f["status"].decode(), draft_handle=Handle.from_json(f["draft_handle"]),
                              verifier_handle=Handle.from_json(f["verifier_handle"]), ttl_s=int(ttl),
-                             owner=f.get("owner", b"").decode())
+                             owner=f.get("owner", b"").decode(),
+                             finish_reason=f.get("finish_reason", b"").decode())
 
     @_unavailable_when_down
     async def release(self, session_id: str) -> bool:

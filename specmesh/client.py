@@ -127,6 +127,7 @@ class Stream:
             request.session_id = uuid.uuid4().hex   # known before the first chunk, so even that can be resumed
         self._client, self._request, self._timeout = client, request, timeout
         self._call = None
+        self.resumes = 0   # how often the stream broke and was resumed (`specmesh soak` counts them)
         self._chunks = self._run()
 
     def __iter__(self) -> "Stream":
@@ -140,16 +141,19 @@ class Stream:
             self._call.cancel()
 
     def _run(self) -> Iterator[orchestrator_pb2.GenerateChunk]:
-        request, received, attempt, broke = self._request, None, 0, None
+        request, received, attempt, broke, finished = self._request, None, 0, None, False
         while True:
             try:
                 self._call = self._client.stub.Generate(request, timeout=self._timeout, wait_for_ready=attempt > 0,
                                                         metadata=self._client.metadata)
                 for chunk in self._call:
                     received = chunk.offset + len(chunk.token_ids)
+                    finished = bool(chunk.finish_reason)
                     yield chunk
                 return
             except grpc.RpcError as error:
+                if finished and error.code() == grpc.StatusCode.UNAVAILABLE:
+                    return   # the last chunk arrived; only the call's end was lost
                 if broke is not None and error.code() == grpc.StatusCode.NOT_FOUND:
                     raise broke from None   # nothing left to resume: what broke the stream is the answer
                 if (error.code() != grpc.StatusCode.UNAVAILABLE or received is None
@@ -157,6 +161,7 @@ class Stream:
                     raise
                 broke = error
                 attempt += 1
+                self.resumes += 1
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))   # the channel reconnects meanwhile (to another replica)
                 request = orchestrator_pb2.GenerateRequest(session_id=request.session_id, resume_offset=received)
 

@@ -132,6 +132,9 @@ class OrchestratorConfig(ServiceSettings):
                                                          "to it (so the password can come from a Secret)",
                              env="REDIS_URL")
     session_ttl_s: int = setting(3600, "a session record untouched this long expires from Redis")
+    finished_ttl_s: int = setting(
+        300, "a finished session's record stays this long, so a client that lost the last chunks can resume "
+             "and get them with the same finish reason, instead of NOT_FOUND; 0: deleted when it finishes")
     redis_retry_s: float = setting(
         5.0, "how long a Redis command is retried while Redis is unreachable (a restart, a failover) before "
              "the client gets UNAVAILABLE: streams in flight ride out a blip this long")

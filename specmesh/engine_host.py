@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Sequence, TypeVar
 import grpc
 from opentelemetry import trace
 
-from specmesh import telemetry
+from specmesh import memory, telemetry
 from specmesh.errors import ServiceError, Unavailable
 
 R = TypeVar("R")
@@ -64,6 +64,9 @@ class EngineHost:
         self.depth = 0                                   # calls handed to the thread, not yet started
         # Calls queued in front of the thread (a batcher's), counted as waiting too.
         self.waiting_elsewhere: list[Callable[[], int]] = []
+        self.running = 0                                 # calls on the thread now (0 or 1)
+        self.last_work = 0.0                             # when the thread last finished a call (monotonic)
+        self._worked_since_trim = False
 
     @property
     def waiting(self) -> int:
@@ -129,12 +132,31 @@ class EngineHost:
 
         def start():
             leave()
-            return job(time.perf_counter() - submitted)
+            self.running += 1
+            try:
+                return job(time.perf_counter() - submitted)
+            finally:
+                self.running -= 1
+                self.last_work, self._worked_since_trim = time.monotonic(), True
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, start)
         finally:
             leave()   # a call cancelled before it started is no longer waiting
+
+    async def give_back_memory_when_idle(self, quiet_s: float = 2.0) -> None:
+        """Forever: once the thread has been quiet for `quiet_s` after work, hand the memory that
+        work freed (dropped KV caches) back to the OS; specmesh.memory says why it is needed. The
+        trim runs on the thread itself, so never beside a forward pass, and a call arriving
+        meanwhile waits for it (~0.1 s). Under steady load it never runs: freed memory is reused."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(quiet_s / 2)
+            if (not self._worked_since_trim or self.running or self.waiting
+                    or time.monotonic() - self.last_work < quiet_s):
+                continue
+            self._worked_since_trim = False
+            await loop.run_in_executor(self._executor, memory.trim)
 
     def _record(self, method: str, waits: Sequence[float], seconds: float) -> None:
         if telemetry.metrics_enabled():

@@ -8,6 +8,8 @@
     specmesh bench                   speedup over target-only decoding on Spec-Bench prompts
     specmesh distill --out DIR       train a draft model for a target by self-distillation
     specmesh bench-gateway           the HTTP gateway's cost over the gRPC API, and a fuzz of it
+    specmesh soak [--chaos]          many seeded streams (killing processes with --chaos): errors by status,
+                                     resumes, latency, memory, and every output against its undisturbed twin
 """
 from __future__ import annotations
 
@@ -125,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     from specmesh_cli import bench_gateway
 
     bench_gateway.add_arguments(sub.add_parser("bench-gateway", help="the HTTP gateway vs the gRPC API, and a fuzz"))
+    from specmesh_cli import soak
+
+    soak.add_arguments(sub.add_parser("soak", help="many seeded streams, optionally killing processes; a report"))
     return parser
 
 
@@ -262,6 +267,12 @@ def _demo(address: str, prompt: str, max_new_tokens: int) -> None:
     print("\n\n" + summary(completion) + "\n", flush=True)
 
 
+def _soak(args) -> int:
+    from specmesh_cli import soak
+
+    return soak.run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.setup(args.command if args.command != "serve" else args.tier)
@@ -290,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         from specmesh_cli import bench_gateway
 
         return bench_gateway.run(args)
+    if args.command == "soak":
+        return _soak(args)
     return 2
 
 

@@ -12,7 +12,7 @@ from orchestrator.sessions import Handle, SessionStore
 from specmesh.client import build_request
 
 
-def test_record_in_redis_during_stream_and_gone_after(tiny_cluster, tiny_client, redis_url):
+def test_record_in_redis_during_stream_and_kept_as_finished_after(tiny_cluster, tiny_client, redis_url):
     stream = tiny_client.stream(build_request("hello hello hello world", max_new_tokens=60, k=3, drafter="model",
                                               session_id="live-1"))
     next(stream)
@@ -38,9 +38,13 @@ def test_record_in_redis_during_stream_and_gone_after(tiny_cluster, tiny_client,
     assert 0 < record.ttl_s <= 3600
     rest = list(stream)
     assert rest[-1].finish_reason in ("length", "stop")
-    assert asyncio.run(read()) is None
+    # Kept a short while (finished_ttl_s), so a client that lost the last chunks can resume.
+    finished = asyncio.run(read())
+    assert finished.status == "finished" and finished.finish_reason == rest[-1].finish_reason
+    assert finished.tokens[:len(record.tokens)] == record.tokens and len(finished.tokens) > len(record.tokens)
+    assert 0 < finished.ttl_s <= 300
     client = redis_sync.Redis.from_url(redis_url)
-    assert not client.exists("specmesh:tokens:{live-1}")
+    assert 0 < client.ttl("specmesh:tokens:{live-1}") <= 300
 
 
 def test_cancel_ends_the_stream(tiny_client):
@@ -93,5 +97,35 @@ async def test_commit_is_atomic_and_checks_length(redis_url):
         with pytest.raises(NotFound):
             await store.commit("atomic-1", 4, [9], 3, Handle(), handle)
         assert not await store.cancel("atomic-1")
+    finally:
+        await store.client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_finished_record_stays_for_finished_ttl_s_then_its_id_is_free(redis_url):
+    store = SessionStore.from_url(redis_url, ttl_s=60, finished_ttl_s=30)
+    try:
+        await store.create("done-1", [5, 6], {}, seed=1)
+        await store.commit("done-1", 2, [7], 1, Handle(), Handle())
+        assert not await store.finish("done-1", lease=2, finish_reason="stop")   # not its driver's lease
+        assert await store.finish("done-1", lease=1, finish_reason="stop")
+        record = await store.get("done-1")
+        assert (record.status, record.finish_reason, record.tokens) == ("finished", "stop", [5, 6, 7])
+        assert 0 < record.ttl_s <= 30
+        assert not await store.cancel("done-1")      # nothing left to cancel
+        await store.create("done-1", [8], {}, seed=2)   # a finished session's id starts a new one
+        record = await store.get("done-1")
+        assert (record.status, record.finish_reason, record.tokens, record.seed) == ("running", "", [8], 2)
+    finally:
+        await store.client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_finished_ttl_s_0_deletes_a_finished_record(redis_url):
+    store = SessionStore.from_url(redis_url, ttl_s=60, finished_ttl_s=0)
+    try:
+        await store.create("done-2", [5, 6], {}, seed=1)
+        assert await store.finish("done-2", lease=1, finish_reason="length")
+        assert await store.get("done-2") is None
     finally:
         await store.client.aclose()

@@ -30,4 +30,6 @@ async def serve(config: VerifierConfig) -> None:
     host.engine = TargetEngine(loaded, config)
     await runtime.set_serving(True)
     log.info("verifier SERVING %s on port %d", loaded.info.name, runtime.port)
+    trimming = asyncio.ensure_future(host.give_back_memory_when_idle())   # resident memory back after load
     await runtime.run_until_stopped()
+    trimming.cancel()
