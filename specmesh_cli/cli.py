@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass
 
 from specmesh import logs, settings
+from specmesh_cli import client_args
 from specmesh.settings import setting
 
 log = logging.getLogger("specmesh.cli")
@@ -62,28 +63,6 @@ TIER_HELP = {"draft": "the draft service [port 50061]", "verifier": "the verifie
              "gateway": "the OpenAI-compatible HTTP API [port 8000]"}
 
 
-def add_client_arguments(parser: argparse.ArgumentParser) -> None:
-    """How a command reaches a locked orchestrator: a bearer token, TLS, mutual TLS."""
-    parser.add_argument("--token-file", default=os.environ.get("SPECMESH_TOKEN_FILE"),
-                        help="a file holding the bearer token (an orchestrator with auth_tokens_file) "
-                             "[SPECMESH_TOKEN_FILE]")
-    parser.add_argument("--tls-ca-file", default=os.environ.get("SPECMESH_TLS_CA_FILE"),
-                        help="CA of the orchestrator's certificate: connect over TLS [SPECMESH_TLS_CA_FILE]")
-    parser.add_argument("--tls-cert-file", default=None, help="client certificate, for mutual TLS")
-    parser.add_argument("--tls-key-file", default=None, help="its private key")
-
-
-def client_for(args, address: str | None = None, **kwargs):
-    """A specmesh.client.Client from add_client_arguments' flags."""
-    from specmesh import auth
-    from specmesh.client import Client
-    from specmesh.tls import channel_tls
-
-    token = auth.read_token(args.token_file) if args.token_file else None
-    return Client(address or args.addr, token=token,
-                  tls=channel_tls(args.tls_ca_file, args.tls_cert_file, args.tls_key_file), **kwargs)
-
-
 def _parser() -> argparse.ArgumentParser:
     from specmesh.config import SERVICE_CONFIGS
 
@@ -113,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
-    add_client_arguments(g)
+    client_args.add_client_arguments(g)
 
     dist = sub.add_parser("distill", help="train a draft model for a target by self-distillation")
     from distill import run as distill_run
@@ -172,7 +151,7 @@ def _generate(args) -> int:
                             k=args.k, drafter=args.drafter, stop=args.stop)
     completion = Completion()
     try:
-        with client_for(args) as client:
+        with client_args.client_for(args) as client:
             for chunk in client.stream(request):
                 completion.add(chunk)
                 if not args.json and chunk.text:

@@ -60,6 +60,8 @@ from pathlib import Path
 
 import grpc
 
+from specmesh_cli import client_args
+
 log = logging.getLogger("specmesh.soak")
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "spec_bench_questions.jsonl"
@@ -79,7 +81,7 @@ def add_arguments(p) -> None:
                    help="a running stack's orchestrator target, as specmesh.client.Client takes it (several "
                         "addresses in one target, e.g. ipv4:10.0.0.1:50051,10.0.0.2:50051); repeatable, streams "
                         "take them in turn. Default: start a stack here")
-    p.add_argument("--token", default=None, help="bearer token for an orchestrator that requires one")
+    client_args.add_client_arguments(p)
     p.add_argument("--model", default=None, help="target model of the stack started here (default: smollm2)")
     p.add_argument("--draft-model", default=None, help="its draft model (default: the target's shipped draft)")
     p.add_argument("--draft-replicas", type=int, default=2)
@@ -391,7 +393,6 @@ def summarize(results: list[StreamResult], wall_s: float) -> dict:
 
 
 def run(args) -> int:
-    from specmesh.client import Client
 
     rng = random.Random(args.seed)
     if args.chaos and args.addr:
@@ -414,8 +415,8 @@ def run(args) -> int:
         return 1
     phase("start-up")
     report: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                               if k != "token"}}
-    clients = [Client(target, token=args.token) for target in stack.targets]
+                               if k != "token_file"}}
+    clients = [client_args.client_for(args, target) for target in stack.targets]
     try:
         memory = {"start": stack.memory()}
         warmup = [SoakRequest(f"warmup-{i}", prompts[i % len(prompts)], 0.0, i, 8) for i in range(4)]

@@ -62,8 +62,11 @@ def one_run(cluster: Cluster, tier: str, run: int, args) -> dict:
         resumes = getattr(stream, "resumes", 0)
     cluster.start_tier(victim or tier)
     cluster.wait()
+    first_difference = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b),
+                            None if len(tokens) == len(reference) else min(len(tokens), len(reference)))
     return {"tier": tier, "run": run, "victim": victim, "temperature": params["temperature"], "tokens": len(tokens),
-            "identical": tokens == reference, "resumes": resumes}
+            "identical": tokens == reference, "first_difference": first_difference, "resumes": resumes,
+            "output": tokens, "reference": reference}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="target (default: the embedded SmolLM2)")
     parser.add_argument("--draft-model", default=None, help="default: the shipped draft of the default target")
     parser.add_argument("--runs", type=int, default=20, help="runs per tier")
+    parser.add_argument("--first-run", type=int, default=1, help="number of the first run (its seed)")
     parser.add_argument("--tiers", default="orchestrator,verifier,draft")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--kill-after", type=int, default=12, help="tokens received before the kill")
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with cluster:
         for tier in args.tiers.split(","):
-            for run in range(1, args.runs + 1):
+            for run in range(args.first_run, args.first_run + args.runs):
                 started = time.monotonic()
                 try:
                     result = one_run(cluster, tier, run, args)
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.supervise()
                     cluster.wait()
                 results.append(result)
-                print(f"[{tier} {run}/{args.runs}] killed {result.get('victim')} after {args.kill_after} tokens: "
+                print(f"[{tier} {run}] killed {result.get('victim')} after {args.kill_after} tokens: "
                       f"{'identical' if result['identical'] else 'DIFFERENT'} "
                       f"({result.get('error') or str(result.get('tokens')) + ' tokens'}, "
                       f"{time.monotonic() - started:.0f} s)", flush=True)
