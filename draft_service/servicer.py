@@ -25,7 +25,8 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
     async def Release(self, request, context):
         check_session_id(request.session_id)
         engine = self.host.require()
-        return cache_pb2.ReleaseResponse(released=await self.host.run(engine.release, request.session_id))
+        return cache_pb2.ReleaseResponse(released=await self.host.run_even_if_abandoned(
+            engine.release, request.session_id))
 
     async def Info(self, request, context):
         engine = self.host.require()

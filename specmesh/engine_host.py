@@ -67,6 +67,7 @@ class EngineHost:
         self.running = 0                                 # calls on the thread now (0 or 1)
         self.last_work = 0.0                             # when the thread last finished a call (monotonic)
         self._worked_since_trim = False
+        self._detached: set[asyncio.Task] = set()       # runs whose caller stopped waiting
 
     @property
     def waiting(self) -> int:
@@ -99,6 +100,15 @@ class EngineHost:
         except asyncio.CancelledError:
             abandoned.set()   # the job, if it is running, stops at its next check_abandoned()
             raise
+
+    async def run_even_if_abandoned(self, fn: Callable[..., R], *args) -> R:
+        """fn(*args) on the model thread, done even when its caller stops waiting: a Release queued
+        behind long prefills outlives its caller's deadline, and a dropped one would leave its cache
+        in memory until the idle TTL."""
+        task = asyncio.ensure_future(self.run(fn, *args))
+        self._detached.add(task)   # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self._detached.discard)
+        return await asyncio.shield(task)
 
     async def run_batch(self, fn: Callable[..., R], callers: Sequence[Caller], *args) -> R:
         """fn(*args) once for several queued calls: one span, linked to each caller's."""

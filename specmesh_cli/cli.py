@@ -253,6 +253,9 @@ def _soak(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specmesh_cli import children
+
+    children.arm_from_env()   # a service the launcher started dies with it
     args = _parser().parse_args(argv)
     logs.setup(args.command if args.command != "serve" else args.tier)
     if args.command == "serve":

@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specmesh.tls import ChannelTLS
-from specmesh_cli.children import die_with_parent
+from specmesh_cli.children import child_env
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
 
 log = logging.getLogger("specmesh.launcher")
@@ -149,7 +149,7 @@ class Cluster:
         return env
 
     def _spawn(self, name: str, tier: str, args: list[str]) -> subprocess.Popen:
-        env = {**os.environ, **self._tls_env(tier), **self.extra_env}
+        env = {**os.environ, **self._tls_env(tier), **self.extra_env, **child_env(signal.SIGTERM)}
         if tier == "verifier" and "SPECMESH_TORCH_THREADS" not in env:
             # The tiers share this machine: leave a core to the draft and the orchestrator.
             # torch threads that outnumber free cores spin against each other and a step
@@ -164,8 +164,7 @@ class Cluster:
         if self.host:
             args = [*args, "--host", self.host]
         process = subprocess.Popen([sys.executable, "-m", "specmesh_cli.cli", "serve", tier, *args], env=env,
-                                   stdout=out, stderr=subprocess.STDOUT if out else None,
-                                   preexec_fn=die_with_parent(signal.SIGTERM))
+                                   stdout=out, stderr=subprocess.STDOUT if out else None)
         process.log_path = log_path
         self.processes[name] = process
         return process
@@ -173,7 +172,7 @@ class Cluster:
     def supervise(self) -> list[str]:
         """Restart every child that died (as Kubernetes would), with a doubling back-off for one
         that keeps dying; the orchestrators route around a replica meanwhile. Returns what was
-        restarted. Call it from the thread that started the cluster (see die_with_parent)."""
+        restarted. Call it from the thread that started the cluster (see children.die_with_parent)."""
         restarted, now = [], time.monotonic()
         for name, process in list(self.processes.items()):
             if process.poll() is None or now < self._restart_at.get(name, 0.0):

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import pytest
 
 from specmesh.client import Client, build_request
 from specmesh.v1 import cache_pb2, draft_pb2_grpc, verifier_pb2_grpc
@@ -48,3 +49,35 @@ def test_streams_ended_at_random_points_leave_no_cache_behind(tiny_cluster):
     while cached_sessions(tiny_cluster) != baseline and time.monotonic() < deadline:
         time.sleep(0.2)
     assert cached_sessions(tiny_cluster) == baseline
+
+
+@pytest.mark.asyncio
+async def test_a_release_queued_past_its_callers_deadline_still_happens():
+    """Under load a Release waits behind long prefills on the model thread; when the
+    orchestrator's deadline passes first, the cache must still go, not stay until the idle TTL."""
+    import asyncio
+    import threading
+
+    from specmesh.engine_host import EngineHost
+    from verifier_service.servicer import VerifierServicer
+
+    class Engine:
+        def __init__(self):
+            self.sessions = {"s-1": object()}
+
+        def release(self, session_id):
+            return self.sessions.pop(session_id, None) is not None
+
+    host, busy = EngineHost("model"), threading.Event()
+    host.engine = Engine()
+    prefill = asyncio.ensure_future(host.run(busy.wait, 30))   # the model thread is busy
+    servicer = VerifierServicer(host)
+    with pytest.raises(asyncio.TimeoutError):   # the caller gives up while the Release is queued
+        await asyncio.wait_for(servicer.Release(cache_pb2.ReleaseRequest(session_id="s-1"), None), 0.2)
+    busy.set()
+    await prefill
+    for _ in range(100):
+        if not host.engine.sessions:
+            break
+        await asyncio.sleep(0.05)
+    assert host.engine.sessions == {}

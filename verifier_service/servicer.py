@@ -35,7 +35,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Release(self, request, context):
         check_session_id(request.session_id)
         engine = self.host.require()
-        return cache_pb2.ReleaseResponse(released=await self.host.run(engine.release, request.session_id))
+        return cache_pb2.ReleaseResponse(released=await self.host.run_even_if_abandoned(
+            engine.release, request.session_id))
 
     async def Info(self, request, context):
         engine = self.host.require()
