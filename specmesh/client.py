@@ -144,7 +144,10 @@ class Stream:
         request, received, attempt, broke, finished = self._request, None, 0, None, False
         while True:
             try:
-                self._call = self._client.stub.Generate(request, timeout=self._timeout, wait_for_ready=attempt > 0,
+                # A resume waits for an orchestrator to be reachable; a stream that never started does not
+                # (nothing may be listening at all).
+                self._call = self._client.stub.Generate(request, timeout=self._timeout,
+                                                        wait_for_ready=attempt > 0 and received is not None,
                                                         metadata=self._client.metadata)
                 for chunk in self._call:
                     received = chunk.offset + len(chunk.token_ids)
@@ -152,16 +155,21 @@ class Stream:
                     yield chunk
                 return
             except grpc.RpcError as error:
-                if finished and error.code() == grpc.StatusCode.UNAVAILABLE:
+                code = error.code()
+                if finished and code == grpc.StatusCode.UNAVAILABLE:
                     return   # the last chunk arrived; only the call's end was lost
-                if broke is not None and error.code() == grpc.StatusCode.NOT_FOUND:
+                if broke is not None and code == grpc.StatusCode.NOT_FOUND:
+                    if received is None and request is not self._request:
+                        request = self._request   # it broke before the session was created: start it afresh
+                        continue
                     raise broke from None   # nothing left to resume: what broke the stream is the answer
-                if (error.code() != grpc.StatusCode.UNAVAILABLE or received is None
-                        or attempt >= self._client.resume_attempts):
+                # Broken before its first chunk (its orchestrator died meanwhile): one more try.
+                limit = self._client.resume_attempts if received is not None else 1
+                if code != grpc.StatusCode.UNAVAILABLE or attempt >= limit:
                     raise
                 broke = error
                 attempt += 1
                 self.resumes += 1
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))   # the channel reconnects meanwhile (to another replica)
-                request = orchestrator_pb2.GenerateRequest(session_id=request.session_id, resume_offset=received)
-
+                request = orchestrator_pb2.GenerateRequest(session_id=request.session_id,
+                                                           resume_offset=received or 0)
