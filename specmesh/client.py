@@ -164,7 +164,8 @@ class Stream:
                         continue
                     raise broke from None   # nothing left to resume: what broke the stream is the answer
                 # Broken before its first chunk (its orchestrator died meanwhile): one more try.
-                limit = self._client.resume_attempts if received is not None else 1
+                attempts = self._client.resume_attempts
+                limit = attempts if received is not None else min(1, attempts)   # resume_attempts=0: never
                 if code != grpc.StatusCode.UNAVAILABLE or attempt >= limit:
                     raise
                 broke = error
