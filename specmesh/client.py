@@ -10,7 +10,7 @@ from typing import Iterator, Sequence
 import grpc
 
 from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
-from specmesh.tls import ChannelTLS
+from specmesh.tls import ChannelTLS, channel as tls_channel
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc, sampling_pb2
 
 
@@ -79,10 +79,8 @@ class Client:
     def __init__(self, address: str, resume_attempts: int = 5,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, token: str | None = None,
                  tls: ChannelTLS | None = None):
-        options = message_size_options(max_message_bytes)
         # TLS when given the CA that signed the orchestrator's certificate (and, for mutual TLS, our own pair).
-        self.channel = (grpc.secure_channel(address, tls.credentials(), options=options) if tls is not None
-                        else grpc.insecure_channel(address, options=options))
+        self.channel = tls_channel(address, tls, options=message_size_options(max_message_bytes))
         # A bearer token for an orchestrator that requires one (auth_tokens_file).
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self.channel)

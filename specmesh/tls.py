@@ -150,6 +150,13 @@ def aio_channel(address: str, tls: ChannelTLS | None, **kwargs) -> grpc.aio.Chan
     return grpc.aio.secure_channel(address, tls.credentials(), **kwargs)
 
 
+def channel(address: str, tls: ChannelTLS | None, **kwargs) -> grpc.Channel:
+    """A blocking channel, secure when `tls` is given."""
+    if tls is None:
+        return grpc.insecure_channel(address, **kwargs)
+    return grpc.secure_channel(address, tls.credentials(), **kwargs)
+
+
 async def follow_rotation(tls: ChannelTLS, on_change, every_s: float = 10.0) -> None:
     """Call `on_change()` whenever `tls`'s files changed and make a usable set again (a rotation
     half done is waited out). Runs until cancelled."""

@@ -24,7 +24,7 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specmesh.tls import ChannelTLS
+from specmesh.tls import ChannelTLS, channel as tls_channel
 from specmesh_cli.children import child_env
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
 
@@ -35,7 +35,7 @@ def wait_serving(address: str, service: str, process: subprocess.Popen | None, t
     """Poll grpc.health.v1 until `service` is SERVING; fail fast if the process dies."""
     deadline = time.monotonic() + timeout_s
     last_note = time.monotonic()
-    with (grpc.secure_channel(address, tls.credentials()) if tls else grpc.insecure_channel(address)) as channel:
+    with tls_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:

@@ -27,19 +27,9 @@ from specmesh.v1 import cache_pb2, draft_pb2_grpc, verifier_pb2_grpc
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
 from tests.conftest import status_of
+from tools.dev_pki import HOSTS, write_pki
 
 REDIS_PASSWORD = "redis-pw-3e8a91c7d0"
-HOSTS = ("localhost", "127.0.0.1", "::1")
-
-
-def write_pki(folder: Path, ca: trustme.CA, name: str = "tier") -> ChannelTLS:
-    """A CA file and a certificate for localhost (server and client use), as the files a Secret mounts."""
-    folder.mkdir(parents=True, exist_ok=True)
-    cert = ca.issue_cert(*HOSTS)
-    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(folder / f"{name}.pem"))
-    cert.private_key_pem.write_to_path(str(folder / f"{name}.key"))
-    return ChannelTLS(str(folder / "ca.pem"), str(folder / f"{name}.pem"), str(folder / f"{name}.key"))
 
 
 @pytest.fixture(scope="module")

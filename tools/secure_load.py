@@ -18,23 +18,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import trustme
-
 from specmesh.drafts import draft_for
 from specmesh.tls import ChannelTLS
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from tools.dev_pki import write_pki
 
 TOKEN, INTERNAL = "load-test-token-5d1e", "internal-token-8c2f"
-
-
-def pki(folder: Path) -> ChannelTLS:
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1", "::1")
-    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(folder / "tier.pem"))
-    cert.private_key_pem.write_to_path(str(folder / "tier.key"))
-    return ChannelTLS(str(folder / "ca.pem"), str(folder / "tier.pem"), str(folder / "tier.key"))
 
 
 def soak(cluster: Cluster, out: Path, args, secure: ChannelTLS | None, root: Path) -> dict:
@@ -56,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unique", type=int, default=16)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="specmesh-secure-load-"))
-    files = pki(root)
+    files = write_pki(root)
     (root / "tokens").write_text(TOKEN + "\n")
     (root / "token").write_text(TOKEN + "\n")
     (root / "internal").write_text(INTERNAL + "\n")
