@@ -10,7 +10,8 @@ from typing import Sequence
 import torch
 
 
-def build_draft(target_model, draft_to_target: Sequence[int], layers: int):
+def build_draft(target_model, draft_to_target: Sequence[int], layers: int, from_last: bool = False):
+    """The draft LM; its decoder layers are copies of the target's first `layers` (or last, `from_last`)."""
     from transformers import AutoModelForCausalLM
 
     config = target_model.config.__class__.from_dict(target_model.config.to_dict())
@@ -34,7 +35,8 @@ def build_draft(target_model, draft_to_target: Sequence[int], layers: int):
         rest[ids] = False
         other = source[rest].mean(0, keepdim=True) if rest.any() else source.mean(0, keepdim=True)  # [1, H]
         draft.get_input_embeddings().weight.copy_(torch.cat([source[ids], other]))      # [n_out + 1, H]
-        for mine, theirs in zip(_decoder_layers(draft), source_layers):
+        chosen = list(source_layers)[-layers:] if from_last else list(source_layers)[:layers]
+        for mine, theirs in zip(_decoder_layers(draft), chosen):
             mine.load_state_dict(theirs.state_dict())
         _final_norm(draft).load_state_dict(_final_norm(target_model).state_dict())
     draft.tie_weights()
@@ -52,3 +54,19 @@ def _decoder_layers(model):
 
 def _final_norm(model):
     return model.model.norm
+
+
+def build_eagle(target_model, draft_to_target: Sequence[int], layers: int = 1):
+    """An EAGLE draft (specmesh.eagle) for the target: the draft LM built from the target's last
+    `layers` decoder layers (they already read features like the ones the draft continues), and
+    an `fc` that starts by passing the feature through and adding a little of the token."""
+    from specmesh.eagle import EagleDraft
+
+    model = EagleDraft(build_draft(target_model, draft_to_target, layers, from_last=True))
+    hidden = model.hidden_size
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.weight[:, :hidden].copy_(torch.eye(hidden) * 0.1)
+        model.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+        model.fc.bias.zero_()
+    return model

@@ -70,8 +70,12 @@ def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequ
     positions = (mask.cumsum(-1) - 1).clamp(min=0)                                      # [B, L]
     temperature = batch[0]["temperature"]
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1].float()              # [B, V]
+    # The base model's last hidden state (what the LM head reads) is kept at every position too: the
+    # features an EAGLE-style draft is trained to continue (specmesh.eagle).
+    hidden = model.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                         use_cache=True).last_hidden_state                             # [B, L, H]
+    features = [hidden.to(torch.float16).cpu()]
+    logits = model.lm_head(hidden[:, -1]).float()                                       # [B, V]
     eos = torch.tensor(list(eos_ids), device=device)
     done = torch.zeros(len(batch), dtype=torch.bool, device=device)                     # [B]
     tokens, top_ids, top_logp = [], [], []
@@ -92,10 +96,13 @@ def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequ
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)                   # [B, L + t]
         positions = positions[:, -1:] + 1                                               # [B, 1]
-        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                       cache=cache, use_cache=True).logits[:, -1].float()     # [B, V]
+        hidden = model.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
+                             cache=cache, use_cache=True).last_hidden_state   # [B, 1, H]
+        features.append(hidden.to(torch.float16).cpu())
+        logits = model.lm_head(hidden[:, -1]).float()                                   # [B, V]
     tokens_t = torch.stack(tokens, 1).cpu()                                             # [B, T]
     ids_t, logp_t = torch.stack(top_ids, 1).cpu(), torch.stack(top_logp, 1).cpu()       # [B, T, K]
+    features_t = torch.cat(features, dim=1)                                            # [B, L + T', H]
     out = []
     for row, e in enumerate(batch):
         response = tokens_t[row].tolist()
@@ -104,8 +111,11 @@ def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequ
             if tok in eos_ids:
                 length = t + 1          # keep the EOS: the draft should learn to propose it too
                 break
+        # Features of the prompt and of every response token but the last (never fed to the target).
+        first = width - lengths[row]
         out.append(dict(e, response_ids=response[:length], top_ids=ids_t[row, :length].clone(),
-                        top_logp=logp_t[row, :length].clone()))
+                        top_logp=logp_t[row, :length].clone(),
+                        features=features_t[row, first:width + length - 1].clone()))
     return out
 
 

@@ -94,9 +94,12 @@ def check_arguments(args) -> None:
         raise DistillError("; ".join(problems))
 
 
+DATA_FORMAT = 2   # 2: shards keep the target's features (last hidden state) at every position
+
+
 def data_key(args, target_name: str) -> str:
     """Names the work folder: every argument that changes the generations."""
-    fields = dict(target=target_name, seed=args.seed, p=args.prompts_per_category, h=args.heldout_per_category,
+    fields = dict(format=DATA_FORMAT, target=target_name, seed=args.seed, p=args.prompts_per_category, h=args.heldout_per_category,
                   t=args.max_new_tokens, b=args.batch_size, g=args.greedy_fraction, temp=args.temperature)
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(target_name).name)
