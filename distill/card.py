@@ -16,11 +16,29 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                     f"{r['greedy_acceptance_k4']:.2f} | "
                     f"{r['sampled_token_acceptance']:.2f} | {r['sampled_committed_per_step_k4']:.2f} |")
     phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
+    eagle = getattr(args, "arch", "lm") == "eagle"
+    if eagle:
+        what = (f"An EAGLE-style draft (specmesh.eagle): {args.layers} decoder layer(s) that read each token together "
+                "with the target's feature (last hidden state) at the position before, over")
+        serve = ("Serve it with `specmesh serve draft --eagle-model <this folder>` (or `specmesh up --eagle-model ...`); "
+                 "requests name the `eagle` drafter.")
+        init = (f"the target's embedding rows for those tokens (tied input/output, frozen: they are the target's "
+                f"head), its last {args.layers} decoder layer(s) and its final norm; `fc` passes the feature through")
+        loss = (f"loss = smooth L1 to the target's next feature + 0.1 x cross-entropy against the target's "
+                f"distribution over the draft vocabulary (exact, from its features), {args.passes} pass(es) per batch "
+                "(pass 2 reads the draft's own features, as its later draft tokens do)")
+    else:
+        what = f"A {args.layers}-layer draft over"
+        serve = "Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh up --draft-model ...`)."
+        init = (f"the target's embedding rows for those tokens (tied input/output), its first {args.layers} "
+                "decoder layer(s) and its final norm")
+        loss = (f"loss = {1 - args.kd_weight:.2f} x cross-entropy on the target's tokens + {args.kd_weight:.2f} x "
+                "cross-entropy against its top-16 distribution")
     return f"""# Distilled draft for `{target_info.name}`
 
-A {args.layers}-layer draft over {len(vocab_map.draft_to_target)} of the target's {target_info.vocab_size} tokens
+{what} {len(vocab_map.draft_to_target)} of the target's {target_info.vocab_size} tokens
 (plus one input-only "other" bucket), trained by self-distillation with `specmesh distill`.
-Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh up --draft-model ...`).
+{serve}
 
 ## How it was made
 
@@ -36,11 +54,9 @@ Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh u
   with the target's top-16 log-probabilities at each.
 - vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens seen (FR-Spec); they cover
   {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.
-- initialisation: the target's embedding rows for those tokens (tied input/output), its first
-  {args.layers} decoder layer(s) and its final norm.
+- initialisation: {init}.
 - training: {args.steps} AdamW steps of about {args.train_batch_tokens} tokens, lr {args.lr} (warm-up, cosine),
-  loss = {1 - args.kd_weight:.2f} x cross-entropy on the target's tokens + {args.kd_weight:.2f} x cross-entropy
-  against its top-16 distribution; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},
+  {loss}; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},
   top-1 agreement {facts['last_step'].get('acc', float('nan')):.3f}.
 - size: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.1f} MB on disk ({args.storage}).
 

@@ -65,6 +65,12 @@ def build_eagle(target_model, draft_to_target: Sequence[int], layers: int = 1):
     model = EagleDraft(build_draft(target_model, draft_to_target, layers, from_last=True))
     hidden = model.hidden_size
     with torch.no_grad():
+        # The head decides what is proposed: it is the target's own output rows (its input rows
+        # when the two are tied, as in SmolLM2), and the tied input embedding shares them.
+        output = target_model.get_output_embeddings().weight.float()                # [V_t, H]
+        ids = torch.tensor(list(draft_to_target), dtype=torch.long)
+        table = model.lm.get_input_embeddings().weight
+        table[:-1].copy_(output[ids])
         model.fc.weight.zero_()
         model.fc.weight[:, :hidden].copy_(torch.eye(hidden) * 0.1)
         model.fc.weight[:, hidden:].copy_(torch.eye(hidden))

@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from specmesh.distilled import DistilledDraft
+from specmesh.eagle import EagleDraft
 
 
 @torch.inference_mode()
@@ -72,6 +73,63 @@ def sampled_rate(model, target_to_draft, draft_to_target, example: dict, tempera
     return float(overlap.sum()), n
 
 
+@torch.inference_mode()
+def eagle_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor,
+                       example: dict, k: int) -> int:
+    """greedy_steps for an EAGLE draft: committed positions read the target's features (the example's),
+    drafted ones the draft's own; after each step the drafted positions are recomputed with real ones."""
+    device = target_to_draft.device
+    prompt, answer = list(example["prompt_ids"]), list(example["response_ids"])
+    features = example["features"].float().to(device)                                # [L - 1, H]
+    zero = torch.zeros(1, features.shape[1], device=device)
+    cache = DynamicCache(config=model.config)
+    committed = list(prompt)
+    fed = 0
+    position, steps = 0, 0
+    while position < len(answer):
+        n = len(committed)
+        ids = target_to_draft[torch.tensor([committed[fed:n]], device=device)]            # [1, T]
+        prev = torch.cat([zero, features])[fed:n][None]                                  # [1, T, H]: f_{j-1}
+        logits, hidden = model(ids, prev, cache=cache, logits_rows=1)
+        fed = n
+        drafted = []
+        for i in range(k):
+            token = int(logits[0, -1, :-1].argmax())
+            drafted.append(int(draft_to_target[token]))
+            if i + 1 < k:
+                logits, hidden = model(torch.tensor([[token]], device=device), hidden[:, -1:], cache=cache)
+        accepted = 0
+        while accepted < k and position + accepted < len(answer) and drafted[accepted] == answer[position + accepted]:
+            accepted += 1
+        take = min(accepted + 1, len(answer) - position)
+        committed.extend(answer[position:position + take])
+        position += take
+        steps += 1
+        excess = cache.get_seq_length() - fed
+        if excess > 0:
+            cache.crop(-excess)
+    return steps
+
+
+@torch.inference_mode()
+def eagle_sampled_rate(model: EagleDraft, target_to_draft, draft_to_target, example: dict,
+                       temperature: float) -> tuple[float, int]:
+    """sampled_rate with the target's features at every position (the first draft token of a step)."""
+    device = target_to_draft.device
+    full = list(example["prompt_ids"]) + list(example["response_ids"])
+    start, n = len(example["prompt_ids"]) - 1, len(example["response_ids"])
+    features = example["features"].float().to(device)                                # [L - 1, H]
+    ids = target_to_draft[torch.tensor([full[:-1]], device=device)]                     # [1, L - 1]
+    prev = torch.cat([torch.zeros_like(features[:1]), features[:-1]])[None]             # [1, L - 1, H]
+    logits, _ = model(ids, prev)
+    logits = logits[0, start:start + n, :-1].float()                                    # [n, n_out]
+    q = torch.zeros(n, target_to_draft.shape[0], device=device)
+    q[:, draft_to_target] = torch.softmax(logits / temperature, dim=-1)
+    top_ids = example["top_ids"][:n].long().to(device)
+    p_top = torch.softmax(example["top_logp"][:n].float().to(device) / temperature, dim=-1)
+    return float(torch.minimum(p_top, q.gather(1, top_ids)).sum()), n
+
+
 def evaluate(draft: DistilledDraft, heldout: Sequence[dict], ks: Sequence[int] = (4,),
              temperature: float = 0.8, progress=lambda n: None) -> dict:
     """Per category and overall: greedy committed tokens per step at each k, teacher-forced top-1 agreement,
@@ -83,11 +141,13 @@ def evaluate(draft: DistilledDraft, heldout: Sequence[dict], ks: Sequence[int] =
     for example in heldout:
         cats = (example["category"], "overall")
         answer = example["response_ids"]
+        eagle = isinstance(draft.model, EagleDraft)
         for k in ks:
-            s = greedy_steps(draft.model, t2d, d2t, example["prompt_ids"], answer, k)
+            s = (eagle_greedy_steps(draft.model, t2d, d2t, example, k) if eagle
+                 else greedy_steps(draft.model, t2d, d2t, example["prompt_ids"], answer, k))
             for c in cats:
                 steps[c][k] += s
-        o, n = sampled_rate(draft.model, t2d, d2t, example, temperature)
+        o, n = (eagle_sampled_rate if eagle else sampled_rate)(draft.model, t2d, d2t, example, temperature)
         for c in cats:
             tokens[c] += len(answer)
             overlap[c] += o

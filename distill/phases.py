@@ -53,7 +53,8 @@ def make_data(args, target, work: Path) -> Data:
 
 
 def train_key(args) -> str:
-    return f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}-kd{args.kd_weight}"
+    key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
+    return key + (f"-eagle-p{args.passes}" if args.arch == "eagle" else f"-kd{args.kd_weight}")
 
 
 def train(args, target, data: Data, work: Path, device: str):
@@ -76,9 +77,20 @@ def train(args, target, data: Data, work: Path, device: str):
     log.info("draft vocabulary: %d target tokens cover %.1f%% of the target's held-out answer tokens",
              len(draft_to_target), 100 * coverage)
     torch.manual_seed(args.seed)
-    model = build_draft(target.model, draft_to_target, args.layers)
-    examples = make_examples(data.train, vocab_map.target_to_draft(), vocab_map.other_id,
-                             max_len=args.max_new_tokens + 512)
+    options = {}
+    if args.arch == "eagle":
+        from distill import eagle_train
+        from distill.draft_model import build_eagle
+
+        model = build_eagle(target.model, draft_to_target, args.layers)
+        examples = eagle_train.make_examples(data.train, vocab_map.target_to_draft(), max_len=args.max_new_tokens + 512)
+        rows = target.model.get_output_embeddings().weight.detach().float()[torch.tensor(draft_to_target)]
+        options = dict(collate_fn=eagle_train.collate, loss_of=eagle_train.eagle_loss(args.passes, rows.to(device)),
+                       trainable=eagle_train.trainable)
+    else:
+        model = build_draft(target.model, draft_to_target, args.layers)
+        examples = make_examples(data.train, vocab_map.target_to_draft(), vocab_map.other_id,
+                                 max_len=args.max_new_tokens + 512)
     folder = work / f"train-{train_key(args)}"
     folder.mkdir(parents=True, exist_ok=True)
     with tqdm(total=args.steps, desc="distilling", unit="step", dynamic_ncols=True) as bar:
@@ -90,7 +102,7 @@ def train(args, target, data: Data, work: Path, device: str):
         last = run_training(model, examples, steps=args.steps, batch_tokens=args.train_batch_tokens, lr=args.lr,
                             kd_weight=args.kd_weight, seed=args.seed, device=device,
                             checkpoint=folder / "checkpoint.pt", checkpoint_every=args.checkpoint_every,
-                            progress=progress)
+                            progress=progress, **options)
     facts = dict(vocab_coverage=coverage, train_examples=len(examples), last_step=last,
                  train_tokens=sum(len(e["response_ids"]) for e in data.train))
     return model.to(device), vocab_map, facts
@@ -123,10 +135,16 @@ def save(args, argv, target, model, vocab_map, facts, report, timings, data: Dat
     from specmesh.distilled import save_draft
 
     n_params = sum(p.numel() for p in model.parameters())
-    extra = dict(command=card.command_line(argv), seed=args.seed, steps=args.steps, facts=facts,
+    extra = dict(command=card.command_line(argv), seed=args.seed, steps=args.steps, facts=facts, arch=args.arch,
                  timings=timings.seconds, acceptance=report)
-    save_draft(folder, model.cpu(), vocab_map, card="", extra=json.loads(json.dumps(extra, default=str)),
-               storage=args.storage)
+    model = model.cpu()
+    eagle = args.arch == "eagle"
+    save_draft(folder, model.lm if eagle else model, vocab_map, card="",
+               extra=json.loads(json.dumps(extra, default=str)), storage=args.storage)
+    if eagle:
+        from specmesh.eagle import save_fc
+
+        save_fc(folder, model, args.storage)
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     (folder / "README.md").write_text(card.render(
         args=args, argv=argv, target_info=target.info, vocab_map=vocab_map, facts=facts, report=report,

@@ -23,7 +23,7 @@ from pathlib import Path
 log = logging.getLogger("specmesh.distill")
 
 DEFAULTS = dict(prompts_per_category=24, heldout_per_category=4, max_new_tokens=128, batch_size=48,
-                greedy_fraction=0.6, temperature=0.8, vocab=8192, layers=2, steps=300, train_batch_tokens=1024,
+                greedy_fraction=0.6, temperature=0.8, vocab=8192, layers=2, arch="lm", passes=2, steps=300, train_batch_tokens=1024,
                 lr=1e-3, kd_weight=0.5)
 
 
@@ -49,7 +49,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=int, default=DEFAULTS["vocab"],
                    help="draft vocabulary, at most: the most frequent target output tokens seen in the data, "
                         "plus one 'other' input bucket")
-    p.add_argument("--layers", type=int, default=DEFAULTS["layers"], help="decoder layers, copied from the target's first")
+    p.add_argument("--arch", choices=("lm", "eagle"), default=DEFAULTS["arch"],
+                   help="lm: a small causal LM over tokens alone; eagle: one layer that continues the target's "
+                        "features (specmesh.eagle; served by the `eagle` drafter, needs features from the verifier)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="decoder layers, copied from the target's first (lm) or last (eagle); default 2 (lm), 1 (eagle)")
+    p.add_argument("--passes", type=int, default=DEFAULTS["passes"],
+                   help="eagle: training passes per batch; pass 2 reads the draft's own features, as its second "
+                        "and later draft tokens do")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps")
     p.add_argument("--train-batch-tokens", type=int, default=DEFAULTS["train_batch_tokens"],
                    help="tokens per optimizer step")
@@ -70,8 +77,10 @@ class DistillError(ValueError):
 
 def check_arguments(args) -> None:
     problems = []
+    if args.layers is None:
+        args.layers = 1 if args.arch == "eagle" else DEFAULTS["layers"]
     for name in ("prompts_per_category", "heldout_per_category", "max_new_tokens", "batch_size", "steps",
-                 "train_batch_tokens", "layers", "checkpoint_every"):
+                 "train_batch_tokens", "layers", "checkpoint_every", "passes"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.threads is not None and args.threads < 1:

@@ -120,14 +120,30 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model, examples: Sequence[Example], *, steps: int, batch_tokens: int, lr: float, kd_weight: float,
+def draft_loss(kd_weight: float) -> Callable:
+    """The plain draft's batch -> (loss, stats)."""
+    def loss_of(model, batch):
+        return loss_fn(draft_logits(model, batch), batch, kd_weight)
+    return loss_of
+
+
+def train(model, examples: Sequence, *, steps: int, batch_tokens: int, lr: float, kd_weight: float,
           seed: int, device, checkpoint: Path, checkpoint_every: int,
-          progress: Callable[[int, dict], None] = lambda step, stats: None) -> dict:
-    """Train in place; resume from `checkpoint` when it exists. Returns the last step's stats."""
+          progress: Callable[[int, dict], None] = lambda step, stats: None,
+          collate_fn: Callable = collate, loss_of: Callable | None = None,
+          trainable: Callable[[str], bool] = lambda name: True) -> dict:
+    """Train in place; resume from `checkpoint` when it exists. Returns the last step's stats.
+
+    `collate_fn(examples, device)` and `loss_of(model, batch)` default to the plain draft's; the
+    parameters `trainable(name)` rejects stay frozen (an EAGLE draft keeps the target's rows)."""
+    loss_of = loss_of or draft_loss(kd_weight)
     plan = schedule(examples, steps, batch_tokens, seed)
     model.to(device).train()
-    model.requires_grad_(True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    model.requires_grad_(False)
+    params = [p for name, p in model.named_parameters() if trainable(name)]
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     first = 0
     if checkpoint.exists():
         state = torch.load(checkpoint, map_location=device, weights_only=False)
@@ -139,11 +155,11 @@ def train(model, examples: Sequence[Example], *, steps: int, batch_tokens: int, 
     for step in range(first, steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
-        batch = collate([examples[i] for i in plan[step]], device)
-        loss, stats = loss_fn(draft_logits(model, batch), batch, kd_weight)
+        batch = collate_fn([examples[i] for i in plan[step]], device)
+        loss, stats = loss_of(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         progress(step + 1, stats)
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:

@@ -217,3 +217,61 @@ def test_int8_storage_round_trips(distilled, tiny_models, tmp_path):
     with torch.inference_mode():
         a, b = draft.model(input_ids=ids).logits, again.model(input_ids=ids).logits
     assert torch.allclose(a, b, atol=0.05 * float(a.abs().max())), float((a - b).abs().max())
+
+
+# --------------------------------------------------------------------------- EAGLE-style drafts (--arch eagle)
+
+
+@pytest.fixture(scope="module")
+def eagle_distilled(tmp_path_factory, tiny_models):
+    root = tmp_path_factory.mktemp("eagle")
+    out, work = root / "eagle", root / "work"
+    assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(out), "--work-dir", str(work),
+                     *TINY_ARGS, "--arch", "eagle"]) == 0
+    return out, work
+
+
+def test_distill_eagle_writes_a_folder_that_loads_and_continues_features(eagle_distilled, tiny_models, tmp_path):
+    """The folder holds the draft LM, its map and `fc`; loaded, it reproduces the trained model's outputs
+    (same seed, fresh work folder -> the same weights), and it refuses a target it was not made for."""
+    from safetensors.torch import load_file
+
+    from specmesh.eagle import EAGLE_FILE, EagleDraft, is_eagle_draft, load_eagle
+
+    out, work = eagle_distilled
+    assert is_eagle_draft(str(out)) and (out / EAGLE_FILE).is_file()
+    assert "EAGLE-style" in (out / "README.md").read_text()
+    assert json.loads((out / "distill.json").read_text())["arch"] == "eagle"
+    target = load_model(str(tiny_models["target"]))
+    draft = load_eagle(str(out), target=target.info)
+    assert isinstance(draft.model, EagleDraft)
+    hidden = draft.model.hidden_size
+    assert draft.model.fc.weight.shape == (hidden, 2 * hidden)
+    # The head is the target's own output rows for the subset (frozen in training).
+    rows = target.model.get_output_embeddings().weight[draft.draft_to_target]
+    assert torch.allclose(draft.model.lm.lm_head.weight[:-1], rows, atol=1e-2)
+    # The shards carry the target's features: one row per position but the last.
+    shard = torch.load(next((work / "data" / "train").glob("shard-*.pt")), weights_only=False)[0]
+    assert shard["features"].shape == (len(shard["prompt_ids"]) + len(shard["response_ids"]) - 1, hidden)
+
+    again = tmp_path / "again"
+    assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(again),
+                     "--work-dir", str(tmp_path / "work"), *TINY_ARGS, "--arch", "eagle"]) == 0
+    for name in (EAGLE_FILE, "model.safetensors"):
+        first, second = load_file(out / name), load_file(again / name)
+        assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+    other = load_model(str(tiny_models["other_vocab"]))
+    with pytest.raises(VocabularyMismatch):
+        load_eagle(str(out), target=other.info)
+
+
+def test_eagle_features_match_the_targets_last_hidden_state(eagle_distilled, tiny_models):
+    """What the data keep as features is what the target's head reads: its logits come back exactly."""
+    out, work = eagle_distilled
+    target = load_model(str(tiny_models["target"]))
+    example = torch.load(next((work / "data" / "train").glob("shard-*.pt")), weights_only=False)[0]
+    ids = torch.tensor([list(example["prompt_ids"]) + list(example["response_ids"])])
+    with torch.inference_mode():
+        hidden = target.model.model(input_ids=ids[:, :-1]).last_hidden_state[0]
+    assert torch.allclose(example["features"].float(), hidden, atol=2e-2 * float(hidden.abs().max()))

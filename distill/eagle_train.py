@@ -1,0 +1,101 @@
+"""Training an EAGLE-style draft (specmesh.eagle) on the target's own generations and features.
+
+An example is one generation: the target's features f_0 .. f_{L-2} at every
+position of prompt + answer but the last (distill.generate keeps them). At
+position j the draft reads (x_j, f_{j-1}) and is trained so that its output h_j
+
+- lands on the target's feature f_j (smooth L1: the next draft step feeds h_j
+  back in place of f_j), and
+- gives, through the head, the target's own distribution of x_{j+1} over the
+  draft vocabulary (cross-entropy against softmax(f_j . head rows): the teacher
+  is exact, computed from the feature, no top-k truncation), at answer positions.
+
+With `passes` = 2 each batch runs twice: the second pass reads the draft's
+first-pass outputs as its features (x_j, h_{j-1}), which is what the second and
+later draft tokens of a step see at serving time; both passes are trained.
+
+The draft's embedding and head are the target's rows and stay frozen: they are
+the teacher's head too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+REG_WEIGHT = 1.0     # EAGLE's weights: the feature regression leads, the token loss steers
+CE_WEIGHT = 0.1
+
+
+@dataclass
+class EagleExample:
+    input_ids: torch.Tensor   # [L - 1] int64, draft ids of positions 0 .. L-2
+    features: torch.Tensor    # [L - 1, H] float16, the target's f_0 .. f_{L-2}
+    start: int                # first position whose next token is an answer token
+
+
+def make_examples(raw: Sequence[dict], target_to_draft: torch.Tensor, max_len: int) -> list[EagleExample]:
+    examples = []
+    for e in raw:
+        full = torch.tensor(list(e["prompt_ids"]) + list(e["response_ids"]), dtype=torch.long)
+        features = e["features"]
+        n = min(len(full) - 1, len(features), max_len)
+        start = len(e["prompt_ids"]) - 1
+        if n <= start:
+            continue
+        examples.append(EagleExample(target_to_draft[full[:n]], features[:n], start))
+    return examples
+
+
+def collate(examples: Sequence[EagleExample], device) -> dict:
+    width = max(len(e.input_ids) for e in examples)
+    hidden = examples[0].features.shape[-1]
+    ids = torch.zeros(len(examples), width, dtype=torch.long)                     # [B, L], right-padded
+    mask = torch.zeros(len(examples), width, dtype=torch.long)                    # [B, L]
+    feats = torch.zeros(len(examples), width, hidden)                             # [B, L, H]
+    answer = torch.zeros(len(examples), width, dtype=torch.bool)                  # [B, L]
+    for b, e in enumerate(examples):
+        n = len(e.input_ids)
+        ids[b, :n], mask[b, :n] = e.input_ids, 1
+        feats[b, :n] = e.features.float()
+        answer[b, e.start:n] = True
+    return dict(input_ids=ids.to(device), attention_mask=mask.to(device), features=feats.to(device),
+                answer=answer.to(device))
+
+
+def shifted(features: torch.Tensor) -> torch.Tensor:
+    """[B, L, H] features at positions j -> the feature before each position (zeros at 0)."""
+    return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
+
+
+def eagle_loss(passes: int, teacher_head: torch.Tensor) -> Callable:
+    """batch -> (loss, stats) for `model` (EagleDraft); teacher_head [n_out, H]: the target's output rows."""
+    def loss_of(model, batch):
+        target = batch["features"]                                                   # [B, L, H]
+        valid = batch["attention_mask"].bool()                                       # [B, L]
+        answer = batch["answer"]                                                     # [B, L]
+        with torch.no_grad():
+            teacher = torch.softmax(target[answer] @ teacher_head.T, dim=-1)         # [N, n_out]
+        prev = shifted(target)
+        total, stats = 0.0, {}
+        for p in range(passes):
+            _, hidden = model(batch["input_ids"], prev, attention_mask=batch["attention_mask"])   # [B, L, H]
+            reg = F.smooth_l1_loss(hidden[valid], target[valid])
+            logits = model.lm.lm_head(hidden[answer])[:, :-1]                        # [N, n_out]
+            ce = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+            total = total + REG_WEIGHT * reg + CE_WEIGHT * ce
+            with torch.no_grad():
+                acc = (logits.argmax(-1) == teacher.argmax(-1)).float().mean().item()
+            stats.update({f"reg{p}": reg.item(), f"ce{p}": ce.item(), f"acc{p}": acc})
+            prev = shifted(hidden.detach())
+        total = total / passes
+        stats.update(loss=total.item(), acc=stats["acc0"])
+        return total, stats
+    return loss_of
+
+
+def trainable(name: str) -> bool:
+    """The target's rows (the tied embedding and head) stay as they are."""
+    return "embed_tokens" not in name and "lm_head" not in name
