@@ -24,8 +24,8 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                  "requests name the `eagle` drafter.")
         init = (f"the target's embedding rows for those tokens (tied input/output, frozen: they are the target's "
                 f"head), its last {args.layers} decoder layer(s) and its final norm; `fc` passes the feature through")
-        loss = (f"loss = smooth L1 to the target's next feature + 0.1 x cross-entropy against the target's "
-                f"distribution over the draft vocabulary (exact, from its features), {args.passes} pass(es) per batch "
+        loss = (f"loss = cross-entropy against the target's distribution over the draft vocabulary (exact, from "
+                f"its features) + 0.2 x smooth L1 to its next feature, {args.passes} pass(es) per batch "
                 "(pass 2 reads the draft's own features, as its later draft tokens do)")
     else:
         what = f"A {args.layers}-layer draft over"

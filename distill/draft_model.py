@@ -59,7 +59,7 @@ def _final_norm(model):
 def build_eagle(target_model, draft_to_target: Sequence[int], layers: int = 1):
     """An EAGLE draft (specmesh.eagle) for the target: the draft LM built from the target's last
     `layers` decoder layers (they already read features like the ones the draft continues), and
-    an `fc` that starts by passing the feature through and adding a little of the token."""
+    an `fc` that starts by handing the layer the feature (un-normed) plus a little of the token."""
     from specmesh.eagle import EagleDraft
 
     model = EagleDraft(build_draft(target_model, draft_to_target, layers, from_last=True))
@@ -71,8 +71,14 @@ def build_eagle(target_model, draft_to_target: Sequence[int], layers: int = 1):
         ids = torch.tensor(list(draft_to_target), dtype=torch.long)
         table = model.lm.get_input_embeddings().weight
         table[:-1].copy_(output[ids])
+        # A feature is the target's final norm applied to its residual stream; the draft applies the
+        # same norm at its end. Dividing by the norm's weight hands the layer a residual-like input,
+        # so an untrained draft gives back the feature it read (h_j = f_{j-1}) instead of one scaled
+        # by the weight twice: training starts from "copy" and learns the step forward.
+        weight = _final_norm(target_model).weight.detach().float()                  # [H]
+        safe = torch.where(weight.abs() < 1e-3, torch.full_like(weight, 1e-3), weight)
         model.fc.weight.zero_()
         model.fc.weight[:, :hidden].copy_(torch.eye(hidden) * 0.1)
-        model.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+        model.fc.weight[:, hidden:].copy_(torch.diag(1.0 / safe))
         model.fc.bias.zero_()
     return model
