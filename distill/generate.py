@@ -120,10 +120,12 @@ def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequ
 
 
 def generate_shards(model, tokenizer, eos_ids: Sequence[int], prompts: Sequence[Prompt], folder: Path,
-                    plan: GenerationPlan, seed: int, progress: Callable[[int], None] = lambda n: None) -> list[Path]:
-    """Write (or find, after an interrupt) one shard per batch under `folder`; return their paths."""
+                    plan: GenerationPlan, seed: int, progress: Callable[[int], None] = lambda n: None,
+                    limit: int | None = None) -> list[Path]:
+    """Write (or find, after an interrupt) one shard per batch under `folder`; return their paths.
+    With `limit`, only the first `limit` batches (the plan is the same, so the shards are too)."""
     folder.mkdir(parents=True, exist_ok=True)
-    batches = plan_batches(tokenizer, prompts, plan, seed)
+    batches = plan_batches(tokenizer, prompts, plan, seed)[:limit]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     paths = []
     for number, batch in enumerate(batches):

@@ -40,16 +40,17 @@ def make_data(args, target, work: Path) -> Data:
                           greedy_fraction=args.greedy_fraction, temperature=args.temperature)
     heldout_plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                   greedy_fraction=1.0)
-    total = len(train_prompts) + len(heldout_prompts)
+    limit = getattr(args, "max_train_batches", None)
+    total = min(len(train_prompts), limit * plan.batch_size if limit else len(train_prompts)) + len(heldout_prompts)
     with tqdm(total=total, desc="target generations", unit="prompt", dynamic_ncols=True) as bar:
         train_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, train_prompts,
-                                      work / "data" / "train", plan, args.seed, bar.update)
+                                      work / "data" / "train", plan, args.seed, bar.update, limit=limit)
         heldout_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, heldout_prompts,
                                         work / "data" / "heldout", heldout_plan, args.seed + 1, bar.update)
     train, heldout = load_examples(train_paths), load_examples(heldout_paths)
     tokens = sum(len(e["response_ids"]) for e in train)
     log.info("%d training generations (%d tokens), %d held-out", len(train), tokens, len(heldout))
-    return Data(train, heldout, len(train_prompts), len(heldout_prompts))
+    return Data(train, heldout, len(train), len(heldout))
 
 
 def train_key(args) -> str:

@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="held-out prompts per category, for the acceptance in the model card")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"])
     p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="prompts per generation batch")
+    p.add_argument("--max-train-batches", type=int, default=None,
+                   help="generate and train on only the first N training batches of the plan (they come greedy "
+                        "first, shortest prompts first); a later run with a larger N, or none, extends the same "
+                        "work folder. For a data budget on a slow machine")
     p.add_argument("--greedy-fraction", type=float, default=DEFAULTS["greedy_fraction"],
                    help="share of prompts answered greedily; the rest are sampled at --temperature")
     p.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
@@ -83,6 +87,8 @@ def check_arguments(args) -> None:
                  "train_batch_tokens", "layers", "checkpoint_every", "passes"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.max_train_batches is not None and args.max_train_batches < 1:
+        problems.append(f"--max-train-batches must be at least 1, got {args.max_train_batches}")
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be at least 1, got {args.threads}")
     if not 0.0 <= args.greedy_fraction <= 1.0:
