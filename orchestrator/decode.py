@@ -147,7 +147,7 @@ class Decoder:
         await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed, owner=owner)
         s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), PrefixFingerprints(req.prompt_ids),
                     Handle(cache_id=req.session_id), Handle(cache_id=req.session_id), owner=owner,
-                    feature_dim=self.feature_drafters.get(req.drafter, 0))
+                    feature_dim=self._feature_dim(req))
         # The target reads the prompt during the first Propose (a feature drafter's waits for its features).
         s.prefill = asyncio.ensure_future(self._prefill(s))
         async for chunk in self._drive(s, offset=0):
@@ -178,7 +178,7 @@ class Decoder:
             raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         s = _Stream(req, wire.sampling_to_pb(req.params), list(record.tokens), PrefixFingerprints(record.tokens),
                     record.draft_handle, record.verifier_handle, steps=record.step, lease=lease, owner=record.owner,
-                    feature_dim=self.feature_drafters.get(req.drafter, 0))
+                    feature_dim=self._feature_dim(req))
         # Its driver may have died after committing the last step, before ending it: then nothing is left
         # to decode (a step past an EOS would invent tokens), only the caches it left to release.
         s.touched = {(tier, h.replica) for tier, h in (("draft", s.draft), ("verifier", s.verifier)) if h.replica}
@@ -191,6 +191,10 @@ class Decoder:
                  f", already ended: {done}" if done else "")
         async for chunk in self._drive(s, offset, done):
             yield chunk
+
+    def _feature_dim(self, req: GenerationRequest) -> int:
+        """The width of the target's features when this session's drafter reads them (0: it never drafts)."""
+        return self.feature_drafters.get(req.drafter, 0) if req.k else 0
 
     def _ended(self, req: GenerationRequest, generated: list[int]) -> str:
         """How a session with these committed tokens has already ended: "stop", "length" or ""."""

@@ -250,3 +250,17 @@ def test_resume_on_another_orchestrator_keeps_the_output(cluster):
     cluster.wait()
     assert killed
     assert tokens == reference.token_ids
+
+
+def test_an_eagle_draft_for_a_target_of_another_width_is_refused(eagle, tmp_path, redis_url):
+    """Same vocabulary, other hidden size: the orchestrator refuses at start-up, naming both widths."""
+    from tests.tiny_models import build_tiny_model
+
+    wider = build_tiny_model(tmp_path / "wider", seed=4, hidden_size=64)
+    cluster = Cluster(model=str(wider), eagle_model=str(eagle[1]), port=free_port(), redis_url=redis_url,
+                      log_dir=tmp_path, startup_timeout_s=300)
+    with pytest.raises(RuntimeError, match="orchestrator service exited"):
+        cluster.start()
+    cluster.stop()
+    text = (tmp_path / "orchestrator.log").read_text()
+    assert "reads target features of width 32" in text and "width 64" in text
