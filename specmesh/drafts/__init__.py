@@ -2,6 +2,8 @@
 
     smollm2-draft   distilled for the default target (SmolLM2-135M-Instruct) by `specmesh distill`;
                     see smollm2-135m-draft/README.md for how, and its measured acceptance
+    smollm2-eagle   an EAGLE draft (specmesh.eagle) for the same target, served as the `eagle` drafter
+                    once its folder holds a vocabulary map (`specmesh distill --arch eagle`)
 
 `specmesh up` (the launcher) serves it next to n-gram when the target is the
 default and no --draft-model is given; anywhere else name it explicitly
