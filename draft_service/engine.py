@@ -13,6 +13,7 @@ from specmesh.kv import TokenHistory, cache_nbytes
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams
 from specmesh.drafts import default_drafter
+from specmesh.eagle import features_from_bytes
 from draft_service.drafters import REGISTRY, Drafter
 
 log = logging.getLogger("specmesh.draft")
@@ -36,7 +37,7 @@ class DraftEngine:
                              f"available: {sorted(drafters)}")
         self.sessions: SessionCache[DraftSession] = SessionCache(
             config.max_sessions, config.session_idle_s, max_bytes=config.max_cache_bytes,
-            size_of=lambda session: cache_nbytes(getattr(session.state, "cache", None)))
+            size_of=lambda session: _state_bytes(session.state))
 
     @classmethod
     def from_config(cls, config: DraftConfig) -> "DraftEngine":
@@ -50,7 +51,7 @@ class DraftEngine:
 
     def propose(self, session_id: str, start: int, tail: Sequence[int], k: int, drafter_name: str,
                 params: SamplingParams, seed: int, top_n: int,
-                prefix_fingerprint: int | None = None) -> tuple[list[DraftProposal], int]:
+                prefix_fingerprint: int | None = None, features: bytes = b"") -> tuple[list[DraftProposal], int]:
         name = drafter_name or self.default_drafter
         drafter = self.drafters.get(name)
         if drafter is None:
@@ -66,19 +67,41 @@ class DraftEngine:
         if drafter.max_context and start + len(tail) + k > drafter.max_context:
             raise ResourceExhausted(f"sequence of {start + len(tail) + k} tokens exceeds the {name} drafter's "
                                     f"context of {drafter.max_context}")
+        # A drafter that reads the target's features gets them with the tokens; the others never see them.
+        extra = {"features": _feature_rows(name, drafter, features, len(tail))} if drafter.uses_target_features \
+            else {}
         session = self.sessions.get(session_id)
         if start == 0 or session is None or session.drafter != name:
             # A full resend (or a first call) starts afresh; anything else without state is a cache miss.
             session = DraftSession(name, drafter.new_state(session_id))
-            session.state.sync(start, tail)
+            session.state.sync(start, tail, **extra)
             if not session.state.tokens:
                 raise InvalidArgument("sync", "the session has no tokens")
             self.sessions.put(session_id, session)   # only once valid: a bad call evicts no one
         else:
-            session.state.sync(start, tail, prefix_fingerprint)
+            session.state.sync(start, tail, prefix_fingerprint, **extra)
         proposals = drafter.propose(session.state, k, params, seed, top_n) if k else []
         self.sessions.trim(keep=session_id)
         return proposals, len(session.state.tokens)
 
     def release(self, session_id: str) -> bool:
         return self.sessions.pop(session_id) is not None
+
+
+def _feature_rows(name: str, drafter: Drafter, data: bytes, rows: int):
+    """ProposeRequest.features -> [rows, H]: exactly one row per sync.token_ids entry."""
+    if rows and not data:
+        raise InvalidArgument("features", f"the {name} drafter reads the target's features: send one row of "
+                                          f"{drafter.feature_dim} float16 values per sync.token_ids entry")
+    expected = rows * drafter.feature_dim * 2
+    if len(data) != expected:
+        raise InvalidArgument("features", f"{len(data)} bytes; {rows} sync.token_ids need {rows} rows of "
+                                          f"{drafter.feature_dim} float16 values ({expected} bytes)")
+    return features_from_bytes(data, drafter.feature_dim)
+
+
+def _state_bytes(state) -> int:
+    """A session's memory: its KV cache, and what else its state holds (an EAGLE state's features)."""
+    seen: set = set()
+    own = state.nbytes(seen) if hasattr(state, "nbytes") else 0
+    return cache_nbytes(getattr(state, "cache", None), seen) + own

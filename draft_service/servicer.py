@@ -19,7 +19,7 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
         proposals, cached_len = await self.host.run(
             engine.propose, request.session_id, request.sync.start, list(request.sync.token_ids), request.k,
             request.drafter, wire.sampling_from_pb(request.sampling), request.seed, request.top_n,
-            request.sync.prefix_fingerprint)
+            request.sync.prefix_fingerprint, request.features)
         return draft_pb2.ProposeResponse(proposals=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len)
 
     async def Release(self, request, context):
@@ -31,7 +31,8 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
     async def Info(self, request, context):
         engine = self.host.require()
         drafters = [draft_pb2.DrafterInfo(name=name, model=d.model_name, vocab_size=d.vocab_size,
-                                          vocab_fingerprint=d.vocab_fingerprint, max_context=d.max_context)
+                                          vocab_fingerprint=d.vocab_fingerprint, max_context=d.max_context,
+                                          uses_target_features=d.uses_target_features, feature_dim=d.feature_dim)
                     for name, d in sorted(engine.drafters.items())]
         return draft_pb2.DraftInfo(drafters=drafters, default_drafter=engine.default_drafter, max_k=engine.max_k,
                                    cached_sessions=len(engine.sessions))

@@ -119,6 +119,11 @@ class _Stream:
     touched: set[tuple[str, str]] = field(default_factory=set)          # (tier, replica address)
     lease: int = 1                                          # the fencing token this orchestrator commits under
     owner: str = ""                                         # the caller that created it (auth.caller_id)
+    # A drafter that reads the target's features (EAGLE): their width, and the target's features of
+    # committed positions 0, 1, ... as float16 rows (the wire format). Known for every committed
+    # position but the last, whose feature comes with the next Verify. 0 / empty for other drafters.
+    feature_dim: int = 0
+    features: bytearray = field(default_factory=bytearray)
 
 
 class Decoder:
@@ -126,21 +131,25 @@ class Decoder:
 
     def __init__(self, sessions: SessionStore, drafts: ReplicaPool, verifiers: ReplicaPool, tokenizer,
                  eos_token_ids: set[int], draft_top_n: int, rpc_timeout_s: float,
-                 rpc_timeout_s_per_1k_tokens: float = 30.0):
+                 rpc_timeout_s_per_1k_tokens: float = 30.0, feature_drafters: dict[str, int] | None = None):
         self.sessions, self.drafts, self.verifiers = sessions, drafts, verifiers
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.draft_top_n = draft_top_n
         self.rpc_timeout_s = rpc_timeout_s
         self.rpc_timeout_s_per_1k_tokens = rpc_timeout_s_per_1k_tokens
+        # Drafters that read the target's features (DrafterInfo.uses_target_features) -> feature_dim.
+        self.feature_drafters = feature_drafters or {}
 
     async def run(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
         """A new session: steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
         owner = auth.caller_id()
         await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed, owner=owner)
         s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), PrefixFingerprints(req.prompt_ids),
-                    Handle(cache_id=req.session_id), Handle(cache_id=req.session_id), owner=owner)
-        s.prefill = asyncio.ensure_future(self._prefill(s))   # the target reads the prompt during the first Propose
+                    Handle(cache_id=req.session_id), Handle(cache_id=req.session_id), owner=owner,
+                    feature_dim=self._feature_dim(req))
+        # The target reads the prompt during the first Propose (a feature drafter's waits for its features).
+        s.prefill = asyncio.ensure_future(self._prefill(s))
         async for chunk in self._drive(s, offset=0):
             yield chunk
 
@@ -168,15 +177,24 @@ class Decoder:
         if not lease:
             raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         s = _Stream(req, wire.sampling_to_pb(req.params), list(record.tokens), PrefixFingerprints(record.tokens),
-                    record.draft_handle, record.verifier_handle, steps=record.step, lease=lease, owner=record.owner)
+                    record.draft_handle, record.verifier_handle, steps=record.step, lease=lease, owner=record.owner,
+                    feature_dim=self._feature_dim(req))
         # Its driver may have died after committing the last step, before ending it: then nothing is left
         # to decode (a step past an EOS would invent tokens), only the caches it left to release.
         s.touched = {(tier, h.replica) for tier, h in (("draft", s.draft), ("verifier", s.verifier)) if h.replica}
         done = self._ended(req, committed)
+        if s.feature_dim and not done:
+            # Features are not in Redis: the target reads every committed token again, which also
+            # rebuilds its cache, and the first Propose waits for their features.
+            s.prefill = asyncio.ensure_future(self._prefill(s))
         log.info("resuming session at %d of %d committed tokens (lease %d%s)", offset, len(committed), lease,
                  f", already ended: {done}" if done else "")
         async for chunk in self._drive(s, offset, done):
             yield chunk
+
+    def _feature_dim(self, req: GenerationRequest) -> int:
+        """The width of the target's features when this session's drafter reads them (0: it never drafts)."""
+        return self.feature_drafters.get(req.drafter, 0) if req.k else 0
 
     def _ended(self, req: GenerationRequest, generated: list[int]) -> str:
         """How a session with these committed tokens has already ended: "stop", "length" or ""."""
@@ -250,17 +268,23 @@ class Decoder:
         generated = start - len(req.prompt_ids)
         # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
         k = min(req.k, req.max_new_tokens - generated - 1)
+        if s.feature_dim and s.prefill is not None and k > 0:   # the first Propose needs the prompt's features
+            s.verifier, s.prefill = await s.prefill, None
         proposals, draft_len = await self._propose(s, k) if k > 0 else ([], 0)
         if s.prefill is not None:
             s.verifier, s.prefill = await s.prefill, None
-        scores, verifier_len = await self._verify(s, proposals)
+        scores, verifier_len, fed = await self._verify(s, proposals)
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_ACCEPT):
             result = accept([p.token_id for p in proposals], wire.draft_probs(proposals), scores, req.seed, start)
         # The replicas also hold the draft tokens; only the accepted prefix of them stays valid.
         s.verifier.cached_len = min(verifier_len, start + result.accepted)
         if proposals:
-            s.draft.cached_len = min(draft_len, start + result.accepted)
+            # A feature drafter computed its accepted draft positions from its own stand-in features:
+            # they are synced again (with the target's real ones), so its handle stays at the start.
+            s.draft.cached_len = start if s.feature_dim else min(draft_len, start + result.accepted)
         committed, finish = self._cut(result.tokens, generated, req.max_new_tokens)
+        if s.feature_dim:   # the fed committed tokens and the accepted drafts; never a rejected one
+            self._learn_features(s, *fed, upto=start + len(committed) - 1)
         s.steps += 1
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
             try:
@@ -292,11 +316,32 @@ class Decoder:
         async def rpc(replica, start):
             s.touched.add(("verifier", replica.address))
             return await replica.stub.Prefill(
-                verifier_pb2.PrefillRequest(session_id=s.req.session_id, token_ids=prompt),
+                verifier_pb2.PrefillRequest(session_id=s.req.session_id, token_ids=prompt,
+                                            return_features=bool(s.feature_dim)),
                 timeout=self._deadline(len(prompt)))
 
         replica, reply = await self.verifiers.call(Handle(), prompt, rpc)
+        if s.feature_dim:
+            self._learn_features(s, 0, reply.features, upto=len(prompt))
         return Handle(replica.address, s.req.session_id, reply.cached_len)
+
+    @staticmethod
+    def _learn_features(s: _Stream, first: int, rows: bytes, upto: int) -> None:
+        """Keep the target's features from `rows` (positions first, first + 1, ...) for the positions
+        not known yet, below `upto`; what is known is never overwritten."""
+        size = 2 * s.feature_dim
+        known = len(s.features) // size
+        if first > known:   # the verifier fed from past what is known: a gap no later call fills
+            raise ServiceError(f"verifier returned features from position {first}; only {known} are known")
+        take = max(0, min(upto - first, len(rows) // size) - (known - first))
+        s.features += rows[(known - first) * size:(known - first + take) * size]
+
+    @staticmethod
+    def _draft_features(s: _Stream, start: int) -> bytes:
+        """ProposeRequest.features for a sync from `start`: the feature before each synced position."""
+        size = 2 * s.feature_dim
+        zeros = bytes(size) if start == 0 else b""
+        return zeros + bytes(s.features[max(0, start - 1) * size:(len(s.committed) - 1) * size])
 
     async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int]:
         """The draft's proposals, as messages (they go to the verifier as they are), and its cached length."""
@@ -304,23 +349,28 @@ class Decoder:
             s.touched.add(("draft", replica.address))
             return await replica.stub.Propose(draft_pb2.ProposeRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), k=k, drafter=s.req.drafter,
-                sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n),
+                sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n,
+                features=self._draft_features(s, start) if s.feature_dim else b""),
                 timeout=self._deadline(len(s.committed) - start))
 
         replica, reply = await self.drafts.call(s.draft, s.committed, rpc)
         s.draft = Handle(replica.address, s.req.session_id, s.draft.cached_len)
         return reply.proposals, reply.cached_len
 
-    async def _verify(self, s: _Stream, proposals: Sequence[draft_pb2.DraftProposal]) -> tuple[Scores, int]:
+    async def _verify(self, s: _Stream, proposals: Sequence[draft_pb2.DraftProposal]
+                      ) -> tuple[Scores, int, tuple[int, bytes]]:
+        """The scores, the verifier's cached length, and (features_start, features) when the drafter reads them."""
         async def rpc(replica, start):
             s.touched.add(("verifier", replica.address))
             return await replica.stub.Verify(verifier_pb2.VerifyRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), proposals=proposals,
-                sampling=s.sampling, seed=s.req.seed), timeout=self._deadline(len(s.committed) - start))
+                sampling=s.sampling, seed=s.req.seed, return_features=bool(s.feature_dim)),
+                timeout=self._deadline(len(s.committed) - start))
 
         replica, reply = await self.verifiers.call(s.verifier, s.committed, rpc)
         s.verifier = Handle(replica.address, s.req.session_id, s.verifier.cached_len)
-        return Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token), reply.cached_len
+        return (Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token), reply.cached_len,
+                (reply.features_start, reply.features))
 
     def _deadline(self, tokens_sent: int) -> float:
         return self.rpc_timeout_s + self.rpc_timeout_s_per_1k_tokens * tokens_sent / 1000

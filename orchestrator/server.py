@@ -56,6 +56,17 @@ def check_replicas(tokenizer_info: ModelInfo, verifier_infos, draft_infos) -> No
         for drafter in d.drafters:
             if drafter.vocab_fingerprint:   # empty: a vocabulary-agnostic drafter (n-gram)
                 check_same_vocab(_info(drafter), _info(target))
+            for v in verifier_infos:
+                if drafter.uses_target_features and drafter.feature_dim != v.feature_dim:
+                    raise VocabularyMismatch(
+                        f"the {drafter.name} drafter ({drafter.model}) reads target features of width "
+                        f"{drafter.feature_dim}, but verifier model {v.model!r} has features of width "
+                        f"{v.feature_dim}: it was not made for this target")
+
+
+def feature_drafters(draft_infos) -> dict[str, int]:
+    """Drafters that read the target's features (EAGLE) -> their width."""
+    return {d.name: d.feature_dim for i in draft_infos for d in i.drafters if d.uses_target_features}
 
 
 def _info(msg) -> ModelInfo:
@@ -101,7 +112,7 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
         default_drafter=default_drafter, default_k=config.default_k, max_k=servicer.limits.max_k)
     eos = set(info.eos_token_ids) | {t for v in verifier_infos for t in v.eos_token_ids}
     servicer.decoder = Decoder(sessions, drafts, verifiers, tokenizer, eos, config.draft_top_n, config.rpc_timeout_s,
-                               config.rpc_timeout_s_per_1k_tokens)
+                               config.rpc_timeout_s_per_1k_tokens, feature_drafters(draft_infos))
     await sessions.client.ping()
 
 

@@ -58,6 +58,10 @@ class DraftConfig(ServiceSettings):
     draft_model: str | None = setting(
         None, "a small causal LM sharing the target's vocabulary (HF folder, hub id or .gguf); "
               "without one only model-free drafters (n-gram prompt lookup) are served")
+    eagle_model: str | None = setting(
+        None, "an EAGLE draft folder (`specmesh distill --arch eagle`) or a shipped one's name, served as the "
+              "`eagle` drafter: it reads the target's features, which the orchestrator then asks the verifier "
+              "for; unset or 'none': not served (`specmesh up` serves the default target's shipped one)")
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(

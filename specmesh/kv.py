@@ -65,6 +65,9 @@ class KVSession(TokenHistory):
         self.cache = DynamicCache(config=model.config)
         # transformers 5.x renamed the forward argument `past_key_values` to `cache`.
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        # After a forward with features=True: (position of the first fed token, [fed, H] the model's last
+        # hidden state after its final norm at every fed position), for a draft that reads them (EAGLE).
+        self.fed_features: tuple[int, torch.Tensor] | None = None
 
     @property
     def cached_len(self) -> int:
@@ -101,31 +104,37 @@ class KVSession(TokenHistory):
         return torch.tensor([feed], dtype=torch.long, device=self.model.device)
 
     @torch.inference_mode()
-    def forward(self, extra: Sequence[int] = (), last_only: bool = False) -> torch.Tensor:
+    def forward(self, extra: Sequence[int] = (), last_only: bool = False, features: bool = False) -> torch.Tensor:
         """Feed every token not yet cached plus `extra`; return the logits that
         predict the positions len(tokens) .. len(tokens) + len(extra).
 
         Returns [len(extra) + 1, V], or [1, V] (the last position) with `last_only`,
-        which skips the output projection for the other positions.
+        which skips the output projection for the other positions. With `features`,
+        also keeps the features of every fed position in `fed_features` (else None).
         """
         assert self.tokens, "forward() before any token was synced"
-        _, feed = self.feed(extra)
+        keep, feed = self.feed(extra)
         rows = 1 if last_only else len(extra) + 1
+        gathered: list[torch.Tensor] = []
         # A long feed (a prompt, a cache rebuilt) goes in chunks, so work whose caller gave up
         # (deadline passed, client gone) stops at the next chunk instead of running to the end.
         while len(feed) > PREFILL_CHUNK + rows:
             engine_host.check_abandoned()
-            self._run(feed[:PREFILL_CHUNK], 1)
+            self._run(feed[:PREFILL_CHUNK], 1, gathered if features else None)
             feed = feed[PREFILL_CHUNK:]
         engine_host.check_abandoned()
-        logits = self._run(feed, rows)
+        logits = self._run(feed, rows, gathered if features else None)
+        self.fed_features = (keep, torch.cat(gathered)) if features else None
         self.tokens.extend(extra)
         return logits[-rows:].float()
 
-    def _run(self, feed: Sequence[int], rows: int) -> torch.Tensor:
+    def _run(self, feed: Sequence[int], rows: int, features: list | None = None) -> torch.Tensor:
         input_ids = self.model_input(feed)                                             # [1, T]
-        return self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,
-                          **{self.cache_arg: self.cache}).logits[0]                    # [rows, V]
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,
+                         output_hidden_states=features is not None, **{self.cache_arg: self.cache})
+        if features is not None:
+            features.append(out.hidden_states[-1][0])                                  # [T, H]
+        return out.logits[0]                                                           # [rows, V]
 
 
 def tensor_bytes(tensor, seen: set) -> int:

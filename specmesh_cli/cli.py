@@ -46,6 +46,9 @@ class UpConfig:
     draft_model: str | None = setting(None, "draft model sharing the target's vocabulary, or a shipped draft's "
                                             "name (smollm2-draft); default: the shipped draft of the default "
                                             "target, else none; 'none': n-gram only")
+    eagle_model: str | None = setting(None, "EAGLE draft folder or shipped name served as the `eagle` drafter "
+                                            "(smollm2-eagle); default: the default target's shipped one when "
+                                            "present, else none; 'none': not served")
     draft_replicas: int = setting(1, "draft service processes")
     verifier_replicas: int = setting(1, "verifier service processes")
     metrics: bool = setting(False, "serve Prometheus /metrics on a free port per process")
@@ -183,9 +186,10 @@ def _up(args, exit_after_demo: bool = False) -> int:
     from specmesh_cli.launcher import Cluster
 
     up = settings.build(UpConfig, {k: v for k, v in vars(args).items() if k != "command"}, env_prefix=None)
-    from specmesh.drafts import draft_for
+    from specmesh.drafts import draft_for, eagle_for
 
-    cluster = Cluster(model=up.model, draft_model=draft_for(up.model, up.draft_model), port=up.port,
+    cluster = Cluster(model=up.model, draft_model=draft_for(up.model, up.draft_model),
+                      eagle_model=eagle_for(up.model, up.eagle_model), port=up.port,
                       redis_url=up.redis_url,
                       draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
                       metrics=up.metrics, http_port=up.http_port or None, host=up.host,

@@ -76,6 +76,7 @@ def wait_http_ok(url: str, process: subprocess.Popen | None, timeout_s: float, d
 class Cluster:
     model: str | None = None
     draft_model: str | None = None
+    eagle_model: str | None = None       # the `eagle` drafter's folder (specmesh.eagle); None: not served
     port: int = 50051
     redis_url: str | None = None
     draft_replicas: int = 1
@@ -201,7 +202,8 @@ class Cluster:
             return
         if tier == "draft":
             port = self.draft_ports[int(index)]
-            args = ["--port", str(port)] + (["--draft-model", self.draft_model] if self.draft_model else [])
+            args = ["--port", str(port)] + (["--draft-model", self.draft_model] if self.draft_model else []) \
+                + (["--eagle-model", self.eagle_model] if self.eagle_model else [])
             service = "specmesh.v1.Draft"
         elif tier == "verifier":
             port = self.verifier_ports[int(index)]

@@ -113,7 +113,7 @@ def test_one_session_twice_in_a_batch_runs_in_order(target):
     sequential = [one_by_one.verify_batch([c])[0] for c in calls(one_by_one)]
     together = TargetEngine(target, VerifierConfig())
     batched = together.verify_batch(calls(together))
-    assert [r[1] for r in batched] == [r[1] for r in sequential]
-    assert [r[0] for r in batched] == [r[0] for r in sequential]
+    assert [r.cached_len for r in batched] == [r.cached_len for r in sequential]
+    assert [r.scores for r in batched] == [r.scores for r in sequential]
     session = together.sessions.get("s")
     assert session.cached_len == len(session.tokens) == 8

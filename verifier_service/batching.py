@@ -27,21 +27,27 @@ from specmesh.kv import KVSession
 
 
 @torch.inference_mode()
-def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Sequence[int]],
+                    features: Sequence[bool] | None = None) -> list[torch.Tensor]:
     """KVSession.forward for several sessions in one pass; same results, row for row.
+
+    `features[i]`: also keep session i's features of the positions it fed in its
+    `fed_features` (the pass returns hidden states only when some session asks).
 
     Sessions without any cache yet (a first call, or one rebuilding after a cache
     miss) run on their own: their whole prompt is the work, and an empty cache has
     no tensors to pad.
     """
+    features = list(features) if features is not None else [False] * len(sessions)
     fresh = [i for i, s in enumerate(sessions) if s.cached_len == 0]
     if fresh and len(sessions) > 1:
         warm = [i for i in range(len(sessions)) if i not in fresh]
-        rows = dict(zip(warm, batched_forward(model, [sessions[i] for i in warm], [extras[i] for i in warm])))
-        rows.update({i: sessions[i].forward(extras[i]) for i in fresh})
+        rows = dict(zip(warm, batched_forward(model, [sessions[i] for i in warm], [extras[i] for i in warm],
+                                              [features[i] for i in warm])))
+        rows.update({i: sessions[i].forward(extras[i], features=features[i]) for i in fresh})
         return [rows[i] for i in range(len(sessions))]
     if len(sessions) <= 1:
-        return [s.forward(e) for s, e in zip(sessions, extras)]
+        return [s.forward(e, features=f) for s, e, f in zip(sessions, extras, features)]
     feeds, lengths = [], []
     for s, extra in zip(sessions, extras):
         keep, feed = s.feed(extra)
@@ -66,10 +72,12 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
             values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
         batch_cache.update(torch.cat(keys), torch.cat(values), layer)                  # [n, H, L, D]
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                **{sessions[0].cache_arg: batch_cache})
+                output_hidden_states=any(features), **{sessions[0].cache_arg: batch_cache})
     logits = out.logits.float()                                                        # [n, T, V]
+    hidden = out.hidden_states[-1] if any(features) else None                          # [n, T, H]
     rows = []
     for i, (s, feed, length, extra) in enumerate(zip(sessions, feeds, lengths, extras)):
+        s.fed_features = (length, hidden[i, :len(feed)]) if features[i] else None      # only its unpadded rows
         layers = [(layer.keys[i:i + 1, :, past - length:past + len(feed)].contiguous(),
                    layer.values[i:i + 1, :, past - length:past + len(feed)].contiguous())
                   for layer in batch_cache.layers]

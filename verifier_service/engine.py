@@ -37,12 +37,26 @@ class VerifyCall:
     params: SamplingParams
     seed: int
     prefix_fingerprint: int | None = None   # of tail's start; None: trusted (in-process callers)
+    return_features: bool = False           # also return the features of every fed position (EAGLE drafts)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What a Verify returns: the scores, the cache's length, and the fed positions' features when asked."""
+
+    scores: Scores
+    cached_len: int
+    features_start: int = 0
+    features: torch.Tensor | None = None    # [fed, H] from position features_start on
 
 
 class TargetEngine:
     def __init__(self, loaded: LoadedModel, config: VerifierConfig):
         self.model = loaded.model
         self.info = loaded.info
+        text = loaded.model.config.get_text_config() if hasattr(loaded.model.config, "get_text_config") \
+            else loaded.model.config
+        self.feature_dim = int(text.hidden_size)   # a feature row's width: what an EAGLE draft reads
         self.sessions: SessionCache[KVSession] = SessionCache(
             config.max_sessions, config.session_idle_s, max_bytes=config.max_cache_bytes,
             size_of=lambda session: cache_nbytes(session.cache))
@@ -50,19 +64,22 @@ class TargetEngine:
     def _check_tokens(self, field: str, tokens: Sequence[int]) -> None:
         check_token_ids(field, tokens, self.info.vocab_size)
 
-    def prefill(self, session_id: str, tokens: Sequence[int]) -> int:
+    def prefill(self, session_id: str, tokens: Sequence[int],
+                features: bool = False) -> tuple[int, torch.Tensor | None]:
+        """Build the session's cache; returns its length and, with `features`, [n, H] the prompt's features."""
         if not tokens:
             raise InvalidArgument("token_ids", "must not be empty")
         self._check_tokens("token_ids", tokens)
         self._check_context(len(tokens))
         session = KVSession(session_id, self.model)
         session.sync(0, tokens)
-        session.forward()
+        session.forward(last_only=True, features=features)
+        rows, session.fed_features = session.fed_features, None
         self.sessions.put(session_id, session)
         self.sessions.trim(keep=session_id)
-        return len(session.tokens)
+        return len(session.tokens), (rows[1] if rows is not None else None)
 
-    def verify_batch(self, calls: Sequence[VerifyCall]) -> list[tuple[Scores, int] | Exception]:
+    def verify_batch(self, calls: Sequence[VerifyCall]) -> list[Verified | Exception]:
         """Several sessions' Verify in one forward pass; each call's error stays its own.
 
         A session named twice (two streams driving one session id) gets its later
@@ -82,14 +99,16 @@ class TargetEngine:
             sessions = [session for _, session, _ in ready]
             first_positions = [len(session.tokens) for session in sessions]   # position of draft token 0
             drafts = [[d.token_id for d in call.proposals] for _, _, call in ready]
-            rows = batched_forward(self.model, sessions, drafts)                # each [k_i + 1, V]
+            rows = batched_forward(self.model, sessions, drafts,
+                                   [call.return_features for _, _, call in ready])  # each [k_i + 1, V]
             for (i, session, call), logits, position in zip(ready, rows, first_positions):
+                fed, session.fed_features = session.fed_features, None
                 try:
                     probs = process_logits(logits, call.params)                 # [k + 1, V]
                     scores = score_draft(probs, [d.token_id for d in call.proposals],
                                          [d.q_ids for d in call.proposals], [d.q_probs for d in call.proposals],
                                          call.seed, position)
-                    results[i] = (scores, len(session.tokens))
+                    results[i] = Verified(scores, len(session.tokens), *(fed if fed is not None else (0, None)))
                 except Exception as error:  # noqa: BLE001 - reported to that caller only
                     results[i] = error
         if later:

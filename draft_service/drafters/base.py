@@ -30,6 +30,8 @@ class Drafter(ABC):
     vocab_size: int = 0             # 0: works with any vocabulary
     vocab_fingerprint: str = ""     # empty: works with any vocabulary
     max_context: int = 0            # 0: no limit on the sequence length
+    uses_target_features: bool = False   # True: each sync carries the target's features (EAGLE)
+    feature_dim: int = 0            # their width (the target's hidden size); 0 when unused
 
     @classmethod
     @abstractmethod

@@ -2,6 +2,8 @@
 
     smollm2-draft   distilled for the default target (SmolLM2-135M-Instruct) by `specmesh distill`;
                     see smollm2-135m-draft/README.md for how, and its measured acceptance
+    smollm2-eagle   an EAGLE draft (specmesh.eagle) for the same target, served as the `eagle` drafter
+                    once its folder holds a vocabulary map (`specmesh distill --arch eagle`)
 
 `specmesh up` (the launcher) serves it next to n-gram when the target is the
 default and no --draft-model is given; anywhere else name it explicitly
@@ -15,9 +17,11 @@ from pathlib import Path
 from specmesh.models import DEFAULT_MODEL
 
 HERE = Path(__file__).resolve().parent
-SHIPPED = {"smollm2-draft": HERE / "smollm2-135m-draft"}
+SHIPPED = {"smollm2-draft": HERE / "smollm2-135m-draft", "smollm2-eagle": HERE / "smollm2-135m-eagle"}
 # The shipped draft each target gets when none is named.
 DEFAULT_DRAFTS = {DEFAULT_MODEL: "smollm2-draft"}
+# The shipped EAGLE draft (the `eagle` drafter, specmesh.eagle) each target gets when none is named.
+DEFAULT_EAGLES = {DEFAULT_MODEL: "smollm2-eagle"}
 # Which drafter answers requests that name none while a shipped draft is served, by measurement
 # (`specmesh bench --configs ngram:4,model:4,hybrid:4`, docs/distill.md): on the 2-core CPU the
 # smollm2 draft commits 1.1-1.3 tokens per step (hybrid 1.25-1.7) at ~30 ms per draft token, so
@@ -38,6 +42,22 @@ def default_draft(target: str | None) -> str | None:
     if name is None or not (SHIPPED[name] / "vocab_map.json").is_file():
         return None
     return name
+
+
+def default_eagle(target: str | None) -> str | None:
+    """The shipped EAGLE draft served for `target` when none is named (None: no `eagle` drafter)."""
+    name = DEFAULT_EAGLES.get((target or DEFAULT_MODEL).strip().lower())
+    if name is None or not (SHIPPED[name] / "vocab_map.json").is_file():
+        return None
+    return name
+
+
+def eagle_for(target: str | None, named: str | None) -> str | None:
+    """What `specmesh up` serves as the `eagle` drafter: the one named, none for 'none', else the target's shipped one."""
+    named = named or os.environ.get("SPECMESH_EAGLE_MODEL")
+    if named:
+        return None if named.strip().lower() == "none" else named
+    return default_eagle(target or os.environ.get("SPECMESH_MODEL"))
 
 
 def draft_for(target: str | None, named: str | None) -> str | None:

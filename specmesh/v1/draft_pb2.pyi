@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "sync", "k", "drafter", "sampling", "seed", "top_n")
+    __slots__ = ("session_id", "sync", "k", "drafter", "sampling", "seed", "top_n", "features")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class ProposeRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     TOP_N_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     sync: _cache_pb2.CacheSync
     k: int
@@ -24,7 +25,8 @@ class ProposeRequest(_message.Message):
     sampling: _sampling_pb2.SamplingParams
     seed: int
     top_n: int
-    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., top_n: _Optional[int] = ...) -> None: ...
+    features: bytes
+    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., top_n: _Optional[int] = ..., features: _Optional[bytes] = ...) -> None: ...
 
 class DraftProposal(_message.Message):
     __slots__ = ("token_id", "q_ids", "q_probs")
@@ -45,18 +47,22 @@ class ProposeResponse(_message.Message):
     def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ..., cached_len: _Optional[int] = ...) -> None: ...
 
 class DrafterInfo(_message.Message):
-    __slots__ = ("name", "model", "vocab_size", "vocab_fingerprint", "max_context")
+    __slots__ = ("name", "model", "vocab_size", "vocab_fingerprint", "max_context", "uses_target_features", "feature_dim")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    USES_TARGET_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     vocab_size: int
     vocab_fingerprint: str
     max_context: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ...) -> None: ...
+    uses_target_features: bool
+    feature_dim: int
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., uses_target_features: _Optional[bool] = ..., feature_dim: _Optional[int] = ...) -> None: ...
 
 class DraftInfo(_message.Message):
     __slots__ = ("drafters", "default_drafter", "max_k", "cached_sessions")

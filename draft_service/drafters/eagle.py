@@ -1,0 +1,143 @@
+"""Drafting with an EAGLE-style draft that reads the target's features (specmesh.eagle).
+
+At position j the draft reads (token x_j, the target's feature f_{j-1}). The
+orchestrator sends the target's real features with every committed token
+(ProposeRequest.features); drafting k tokens ahead, the draft's own output h_j
+stands in for f_j. KV entries computed from the draft's stand-ins are only
+valid for those drafts: when draft tokens are accepted, the orchestrator syncs
+them again (its draft handle stays at the step's start), and they are fed anew
+with the real features. So the cache here covers only positions fed with real
+features (`real_len`); everything past it is cropped at the next sync.
+
+Sampling is the distilled draft's: q over the draft's vocabulary subset,
+processed like p, truncated to top_n, drawn with (seed, position).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from specmesh import engine_host
+from specmesh.config import DraftConfig
+from specmesh.distilled import DistilledDraft, mask_other
+from specmesh.drafts import resolve_draft
+from specmesh.eagle import load_eagle
+from specmesh.fast_linear import apply_kernels
+from specmesh.kv import PREFILL_CHUNK, TokenHistory, tensor_bytes
+from specmesh.proposal import DraftProposal
+from specmesh.sampling import SamplingParams, process_logits
+from specmesh.speculative import draft_token
+from draft_service.drafters.base import Drafter, register
+
+
+class EagleState(TokenHistory):
+    """A session's target-id tokens, the target's feature before each committed position, and the draft's KV."""
+
+    def __init__(self, session_id: str, draft: DistilledDraft):
+        super().__init__(session_id)
+        self.model = draft.model
+        self.target_to_draft = draft.target_to_draft                  # [V_target] int64
+        # prev_features[j] = f_{j-1}, the feature position j reads (zeros for j = 0); wire precision.
+        self.prev_features = torch.zeros(0, self.model.hidden_size, dtype=torch.float16)   # [committed, H]
+        self.cache = DynamicCache(config=self.model.config)
+        self.real_len = 0       # leading cache entries computed from real features; the rest are drafts'
+
+    def sync(self, start: int, tail: Sequence[int], prefix_fingerprint: int | None = None,
+             features: torch.Tensor | None = None) -> None:
+        """TokenHistory.sync; `features` [len(tail), H]: the feature before each tail position."""
+        super().sync(start, tail, prefix_fingerprint)
+        rows = features if features is not None else torch.zeros(len(tail), self.model.hidden_size)
+        self.prev_features = torch.cat([self.prev_features[:start], rows.to(torch.float16)])
+        self.real_len = min(start, self.real_len)
+        self._crop(self.real_len)
+
+    def nbytes(self, seen: set) -> int:
+        return tensor_bytes(self.prev_features, seen)
+
+    def _crop(self, length: int) -> None:
+        held = self.cache.get_seq_length()
+        if held > length:
+            self.cache.crop(length - held)   # negative: drop that many from the end
+
+    def _run(self, ids: Sequence[int], prev: torch.Tensor, logits_rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed target ids with the features before them; -> (logits [rows, n_out + 1], hidden [T, H])."""
+        device = self.model.device
+        input_ids = self.target_to_draft[torch.tensor([list(ids)], dtype=torch.long, device=device)]   # [1, T]
+        logits, hidden = self.model(input_ids, prev[None].to(device, torch.float32), cache=self.cache,
+                                    logits_rows=logits_rows)
+        return logits[0].float(), hidden[0]
+
+    @torch.inference_mode()
+    def feed_committed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed every committed position not yet cached with real features; -> (logits [n_out + 1] at the
+        last committed position, its hidden [H]). The last one is fed again when all are cached."""
+        n = len(self.prev_features)
+        assert n and n == len(self.tokens), "feed before the committed tokens and their features were synced"
+        start = min(self.real_len, n - 1)
+        self._crop(start)
+        while n - start > PREFILL_CHUNK + 1:   # a long feed in chunks: abandoned work stops at the next one
+            engine_host.check_abandoned()
+            self._run(self.tokens[start:start + PREFILL_CHUNK], self.prev_features[start:start + PREFILL_CHUNK])
+            start += PREFILL_CHUNK
+        engine_host.check_abandoned()
+        logits, hidden = self._run(self.tokens[start:n], self.prev_features[start:n])
+        self.real_len = n
+        return logits[-1], hidden[-1]
+
+    @torch.inference_mode()
+    def feed_draft(self, token: int, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one draft token with the draft's own stand-in feature; -> (logits [n_out + 1], hidden [H])."""
+        logits, hidden = self._run([token], prev[None])
+        self.tokens.append(token)
+        return logits[-1], hidden[-1]
+
+
+@register
+class EagleDrafter(Drafter):
+    name = "eagle"
+    uses_target_features = True
+
+    def __init__(self, draft: DistilledDraft):
+        self.draft = draft
+        self.model = draft.model
+        self.model_name = draft.info.name
+        self.vocab_size = draft.info.vocab_size
+        self.vocab_fingerprint = draft.info.vocab_fingerprint
+        self.max_context = draft.info.max_context
+        self.feature_dim = draft.model.hidden_size
+        self.draft_to_target = draft.draft_to_target                  # [n_out] int64
+
+    @classmethod
+    def from_config(cls, config: DraftConfig) -> "EagleDrafter | None":
+        if not config.eagle_model or config.eagle_model.strip().lower() == "none":
+            return None
+        drafter = _load(config.eagle_model, config.device)
+        apply_kernels(drafter.model, config.linear_kernels)
+        return drafter
+
+    def new_state(self, session_id: str) -> EagleState:
+        return EagleState(session_id, self.draft)
+
+    def propose(self, state: EagleState, k: int, params: SamplingParams, seed: int,
+                top_n: int) -> list[DraftProposal]:
+        proposals: list[DraftProposal] = []
+        logits, hidden = state.feed_committed()              # [n_out + 1], [H]: predicts position len(tokens)
+        for i in range(k):
+            probs = process_logits(mask_other(logits), params)                     # [n_out]
+            index, q_index, q_probs = draft_token(probs, top_n, seed, len(state.tokens))
+            token = int(self.draft_to_target[index])
+            proposals.append(DraftProposal(token, self.draft_to_target[q_index.to(self.draft_to_target.device)].cpu(),
+                                           q_probs))
+            if i + 1 < k:
+                logits, hidden = state.feed_draft(token, hidden)
+            else:
+                state.tokens.append(token)            # seen, not yet cached: no logits needed past k
+        return proposals
+
+
+@functools.lru_cache(maxsize=2)
+def _load(spec: str, device: str) -> EagleDrafter:
+    return EagleDrafter(load_eagle(resolve_draft(spec), device=device))

@@ -1,0 +1,266 @@
+"""The `eagle` drafter: a draft that reads the target's features, served through the three services.
+
+The features travel verifier -> orchestrator -> draft (specmesh.eagle). What is
+proved here: the verifier's features are the target's; the drafter recomputes
+accepted draft positions from the real features, so incremental syncs propose
+exactly what a from-scratch feed proposes; greedy output is the target's, also
+when a draft replica is killed or another orchestrator resumes the stream; and
+features of the wrong length are refused.
+"""
+from __future__ import annotations
+
+import signal
+
+import grpc
+import pytest
+import torch
+
+import specmesh.kv
+from distill.draft_model import build_eagle
+from draft_service.drafters.eagle import EagleDrafter
+from specmesh.client import Client, build_request
+from specmesh.config import VerifierConfig
+from specmesh.distilled import VocabMap, save_draft
+from specmesh.eagle import features_from_bytes, load_eagle, save_fc
+from specmesh.models import load_model
+from specmesh.proposal import DraftProposal
+from specmesh.sampling import SamplingParams
+from specmesh.v1 import cache_pb2, draft_pb2, draft_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specmesh_cli.launcher import Cluster
+from specmesh_cli.redis_server import free_port
+from tests.test_failover import _handles
+from verifier_service.engine import TargetEngine, VerifyCall
+
+PROMPTS = ["the cat sat on the mat. the cat", "hello world, said the", "once upon a time", "1, 2, 3, 4,"]
+GREEDY = dict(max_new_tokens=60, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def eagle(tiny_models, tmp_path_factory):
+    """The tiny target and an EAGLE draft folder built from it (over most of its vocabulary)."""
+    target = load_model(str(tiny_models["target"]))
+    info = target.info
+    subset = tuple(range(1, info.vocab_size - 4))
+    model = build_eagle(target.model, subset, layers=1)
+    folder = tmp_path_factory.mktemp("eagle") / "draft"
+    save_draft(folder, model.lm, VocabMap(info.name, info.vocab_size, info.vocab_fingerprint, subset,
+                                          info.eos_token_ids, info.max_context), card="# test eagle\n")
+    save_fc(folder, model)
+    return target, folder
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_models, eagle, redis_url, tmp_path_factory):
+    cluster = Cluster(model=str(tiny_models["target"]), eagle_model=str(eagle[1]), port=free_port(),
+                      redis_url=redis_url, draft_replicas=2, orchestrator_replicas=2,
+                      log_dir=tmp_path_factory.mktemp("logs-eagle"), startup_timeout_s=900)
+    with cluster:
+        yield cluster
+
+
+def features_of(target, tokens) -> torch.Tensor:
+    """[n, H] what the target's LM head reads at each position."""
+    with torch.no_grad():
+        return target.model.model(input_ids=torch.tensor([tokens])).last_hidden_state[0].float()
+
+
+def before(features: torch.Tensor) -> torch.Tensor:
+    """[n, H] features -> the feature before each position (zeros first), fp16 like the wire."""
+    return torch.cat([torch.zeros(1, features.shape[1]), features[:-1]]).half().float()
+
+
+# ---------------------------------------------------------------- 1. the drafter alone
+
+
+def test_incremental_syncs_propose_what_a_fresh_feed_proposes(eagle):
+    """Accepted draft positions are fed again with the target's real features: after any sequence of
+    syncs the proposals equal those of a state fed everything at once."""
+    target, folder = eagle
+    drafter = EagleDrafter(load_eagle(str(folder), target=target.info))
+    tokens = target.tokenizer.encode("the quick brown fox jumps over the lazy dog, again and again")
+    feats = before(features_of(target, tokens))                                      # [n, H]
+    params, seed, k = SamplingParams(temperature=0.8), 7, 4
+    state = drafter.new_state("s")
+    start = 10
+    state.sync(0, tokens[:start], features=feats[:start])
+    drafter.propose(state, k, params, seed, top_n=8)
+    # Steps that accept 2, 0, 4 and 1 draft positions (their tokens are the text's, accepted or not).
+    for accepted in (2, 0, 4, 1, 3):
+        end = start + accepted + 1
+        state.sync(start, tokens[start:end], None, features=feats[start:end])
+        got = drafter.propose(state, k, params, seed, top_n=8)
+        fresh = drafter.new_state("fresh")
+        fresh.sync(0, tokens[:end], features=feats[:end])
+        want = drafter.propose(fresh, k, params, seed, top_n=8)
+        assert [p.token_id for p in got] == [p.token_id for p in want]
+        for a, b in zip(got, want):
+            assert torch.equal(a.q_ids, b.q_ids)
+            torch.testing.assert_close(a.q_probs, b.q_probs, atol=1e-5, rtol=1e-4)
+        start = end
+    assert state.real_len == start        # the cache holds only real-feature positions after a sync ...
+    state.sync(start, [], None, features=feats[start:start])
+    assert state.cache.get_seq_length() == start
+
+
+def test_the_draft_reads_the_features(eagle):
+    """Different features, different proposals: the features really reach the draft."""
+    target, folder = eagle
+    drafter = EagleDrafter(load_eagle(str(folder), target=target.info))
+    tokens = target.tokenizer.encode("the quick brown fox")
+    feats = before(features_of(target, tokens))
+    real, zeros = drafter.new_state("a"), drafter.new_state("b")
+    real.sync(0, tokens, features=feats)
+    zeros.sync(0, tokens, features=torch.zeros_like(feats))
+    a = drafter.propose(real, 1, SamplingParams(), 1, 8)[0]
+    b = drafter.propose(zeros, 1, SamplingParams(), 1, 8)[0]
+    assert not torch.allclose(a.q_probs, b.q_probs) or not torch.equal(a.q_ids, b.q_ids)
+
+
+# ---------------------------------------------------------------- 6. the verifier's features
+
+
+def test_engine_features_equal_the_targets_lone_chunked_and_batched(eagle, monkeypatch):
+    target, _ = eagle
+    monkeypatch.setattr(specmesh.kv, "PREFILL_CHUNK", 4)    # the prompt goes in chunks
+    engine = TargetEngine(target, VerifierConfig())
+    a = target.tokenizer.encode("a prompt of some length, read in chunks")
+    b = target.tokenizer.encode("another one")
+    n, rows = engine.prefill("a", a, features=True)
+    torch.testing.assert_close(rows.float(), features_of(target, a), atol=2e-3, rtol=2e-3)
+    engine.prefill("b", b)
+    point = DraftProposal.point_mass
+    calls = [VerifyCall("a", len(a), [5], [point(6), point(7)], SamplingParams(), 1, None, True),
+             VerifyCall("b", len(b), [8, 9], [point(6)], SamplingParams(), 1, None, True)]
+    for (call, prompt), verified in zip(zip(calls, (a, b)), engine.verify_batch(calls)):   # one batched pass
+        fed = prompt + list(call.tail) + [d.token_id for d in call.proposals]
+        assert verified.features_start == len(prompt)
+        assert verified.features.shape[0] == len(fed) - len(prompt)
+        torch.testing.assert_close(verified.features.float(), features_of(target, fed)[len(prompt):],
+                                   atol=2e-3, rtol=2e-3)
+    plain = engine.verify_batch([VerifyCall("b", len(b) + 2, [3], [point(4)], SamplingParams(), 1)])[0]
+    assert plain.features is None      # not asked, not computed
+
+
+def test_prefill_and_verify_return_the_targets_features_over_grpc(cluster, eagle):
+    target, _ = eagle
+    prompt = target.tokenizer.encode("features over the wire")
+    with grpc.insecure_channel(f"localhost:{cluster.verifier_ports[0]}") as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        dim = stub.Info(cache_pb2.InfoRequest()).feature_dim
+        assert dim == target.model.config.hidden_size
+        reply = stub.Prefill(verifier_pb2.PrefillRequest(session_id="feat", token_ids=prompt, return_features=True))
+        torch.testing.assert_close(features_from_bytes(reply.features, dim), features_of(target, prompt),
+                                   atol=2e-3, rtol=2e-3)
+        assert not stub.Prefill(verifier_pb2.PrefillRequest(session_id="nofeat", token_ids=prompt)).features
+        drafts = [7, 8, 9]
+        verified = stub.Verify(verifier_pb2.VerifyRequest(
+            session_id="feat", sync=cache_pb2.CacheSync(start=len(prompt), token_ids=[5],
+                                                        prefix_fingerprint=_fingerprint(prompt)),
+            proposals=[draft_pb2.DraftProposal(token_id=t, q_ids=[t], q_probs=[1.0]) for t in drafts],
+            return_features=True))
+        fed = prompt + [5] + drafts
+        assert verified.features_start == len(prompt)
+        torch.testing.assert_close(features_from_bytes(verified.features, dim), features_of(target, fed)[len(prompt):],
+                                   atol=2e-3, rtol=2e-3)
+        for session in ("feat", "nofeat"):
+            stub.Release(cache_pb2.ReleaseRequest(session_id=session))
+
+
+def _fingerprint(tokens) -> int:
+    from specmesh.fingerprint import PrefixFingerprints
+
+    return PrefixFingerprints(tokens).at(len(tokens))
+
+
+# ---------------------------------------------------------------- 4. bad input
+
+
+def test_features_of_the_wrong_length_are_invalid_argument(cluster):
+    with grpc.insecure_channel(f"localhost:{cluster.draft_ports[0]}") as channel:
+        stub = draft_pb2_grpc.DraftStub(channel)
+        info = {d.name: d for d in stub.Info(cache_pb2.InfoRequest()).drafters}["eagle"]
+        assert info.uses_target_features and info.feature_dim > 0
+        row = bytes(2 * info.feature_dim)
+        for features in (b"", row, row * 3, row * 2 + b"\0"):
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Propose(draft_pb2.ProposeRequest(session_id="bad-features", sync=cache_pb2.CacheSync(
+                    start=0, token_ids=[5, 6]), k=2, drafter="eagle", features=features))
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "features" in error.value.details()
+        ok = stub.Propose(draft_pb2.ProposeRequest(session_id="bad-features", sync=cache_pb2.CacheSync(
+            start=0, token_ids=[5, 6]), k=2, drafter="eagle", features=row * 2))
+        assert len(ok.proposals) == 2
+        # Other drafters ignore the field, as before.
+        assert stub.Propose(draft_pb2.ProposeRequest(session_id="ngram-features", sync=cache_pb2.CacheSync(
+            start=0, token_ids=[5, 6, 5]), k=2, drafter="ngram")).cached_len >= 3
+        for session in ("bad-features", "ngram-features"):
+            stub.Release(cache_pb2.ReleaseRequest(session_id=session))
+
+
+# ---------------------------------------------------------------- 2, 3, 5. through the services
+
+
+def test_greedy_output_is_the_targets(cluster):
+    accepted = 0
+    with Client(cluster.address) as client:
+        for prompt in PROMPTS:
+            reference = client.generate(prompt, k=0, **GREEDY)
+            got = client.generate(prompt, k=4, drafter="eagle", **GREEDY)
+            assert got.drafter == "eagle"
+            assert got.token_ids == reference.token_ids, prompt
+            assert got.stats.draft_tokens > 0
+            accepted += got.stats.accepted_tokens
+    assert accepted > 0      # accepted draft positions happened, so their features were re-synced
+
+
+def test_killing_a_draft_replica_mid_stream_keeps_the_output(cluster, redis_url):
+    prompt = PROMPTS[0]
+    options = dict(k=4, drafter="eagle", **{**GREEDY, "max_new_tokens": 120})
+    with Client(cluster.address) as client:
+        reference = client.generate(prompt, k=0, **{**GREEDY, "max_new_tokens": 120})
+        stream = client.stream(build_request(prompt, session_id="eagle-kill", **options))
+        chunks = [next(stream) for _ in range(4)]
+        draft_addr, _ = _handles(redis_url, "eagle-kill")
+        victim = f"draft-{cluster.draft_ports.index(int(draft_addr.rsplit(':', 1)[1]))}"
+        cluster.stop_tier(victim, sig=signal.SIGKILL)
+        try:
+            chunks += list(stream)
+            tokens = [t for c in chunks for t in c.token_ids]
+            assert chunks[-1].finish_reason in ("length", "stop")
+            assert tokens == reference.token_ids
+            assert len(tokens) > sum(len(c.token_ids) for c in chunks[:4])
+        finally:
+            cluster.start_tier(victim)
+            cluster.wait()
+
+
+def test_resume_on_another_orchestrator_keeps_the_output(cluster):
+    options = dict(k=3, drafter="eagle", **{**GREEDY, "max_new_tokens": 150})
+    with Client(f"localhost:{cluster.orchestrator_ports[1]}") as client:
+        reference = client.generate("resume me please", k=0, **{**GREEDY, "max_new_tokens": 150})
+    tokens, killed = [], False
+    with Client(cluster.target) as client:   # pick_first: the stream goes to the first, which is killed
+        for chunk in client.stream(build_request("resume me please", **options)):
+            assert chunk.offset == len(tokens)
+            tokens += chunk.token_ids
+            if len(tokens) >= 20 and not killed:
+                cluster.stop_tier("orchestrator", signal.SIGKILL)
+                killed = True
+    cluster.start_tier("orchestrator")
+    cluster.wait()
+    assert killed
+    assert tokens == reference.token_ids
+
+
+def test_an_eagle_draft_for_a_target_of_another_width_is_refused(eagle, tmp_path, redis_url):
+    """Same vocabulary, other hidden size: the orchestrator refuses at start-up, naming both widths."""
+    from tests.tiny_models import build_tiny_model
+
+    wider = build_tiny_model(tmp_path / "wider", seed=4, hidden_size=64)
+    cluster = Cluster(model=str(wider), eagle_model=str(eagle[1]), port=free_port(), redis_url=redis_url,
+                      log_dir=tmp_path, startup_timeout_s=300)
+    with pytest.raises(RuntimeError, match="orchestrator service exited"):
+        cluster.start()
+    cluster.stop()
+    text = (tmp_path / "orchestrator.log").read_text()
+    assert "reads target features of width 32" in text and "width 64" in text
