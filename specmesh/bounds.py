@@ -15,9 +15,10 @@ from specmesh.errors import InvalidArgument
 MAX_SESSION_ID_CHARS = 128
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % MAX_SESSION_ID_CHARS)
 
-# gRPC's own default for received messages. A message carrying a whole context of token ids
-# (a cache-miss resend) takes about 5 bytes a token, so this holds a 128k-token context with room.
-DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# A message carrying a whole context of token ids (a cache-miss resend) takes about 5 bytes a token.
+# 16 MiB, not gRPC's 4: the target's features for a whole context travel in one Prefill reply (and a
+# draft resend) for an EAGLE draft: 2 bytes x hidden size a token, 9.4 MB for SmolLM2's 8,192 tokens.
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def check_session_id(session_id: str, field: str = "session_id") -> None:

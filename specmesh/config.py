@@ -36,8 +36,9 @@ class ServiceSettings:
     max_message_bytes: int = setting(
         DEFAULT_MAX_MESSAGE_BYTES,
         "largest gRPC message received or sent (the orchestrator's: also on its channels to the replicas); a "
-        "bigger one is refused with RESOURCE_EXHAUSTED before it is parsed. gRPC's default: a whole context of "
-        "token ids (a cache-miss resend, ~5 bytes a token) fits many times over")
+        "bigger one is refused with RESOURCE_EXHAUSTED before it is parsed. 16 MiB: a whole context of the "
+        "target's features (an EAGLE draft's prefill: 2 bytes x hidden size a token) fits; raise it for a target "
+        "with a wider hidden state and a long context")
     metrics_port: int | None = setting(None, "serve Prometheus /metrics on this port; unset: no metrics")
     tls_cert_file: str | None = setting(
         None, "PEM certificate (chain) of this service: with tls_key_file its gRPC port speaks TLS only; the "

@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--addr", default=None, help="a running orchestrator; default: start one (like `specmesh up`)")
     p.add_argument("--model", default=None, help="target model when starting services [SPECMESH_MODEL]")
     p.add_argument("--draft-model", default=None, help="draft model when starting services")
+    p.add_argument("--eagle-model", default=None,
+                   help="EAGLE draft (the `eagle` drafter) when starting services; default: the target's shipped one")
     p.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
     p.add_argument("--categories", default="", help="comma-separated categories (default: all)")
     p.add_argument("--question-ids", default="", help="comma-separated question ids (overrides --per-category)")
@@ -82,9 +84,10 @@ def run(args) -> int:
     if address is None:
         from specmesh_cli.redis_server import free_port
 
-        from specmesh.drafts import draft_for
+        from specmesh.drafts import draft_for, eagle_for
 
-        cluster = Cluster(model=args.model, draft_model=draft_for(args.model, args.draft_model), port=free_port(),
+        cluster = Cluster(model=args.model, draft_model=draft_for(args.model, args.draft_model),
+                          eagle_model=eagle_for(args.model, args.eagle_model), port=free_port(),
                           log_dir=args.out / "logs")
         log.info("starting services (logs in %s)", args.out / "logs")
         cluster.start()

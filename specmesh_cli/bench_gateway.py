@@ -39,6 +39,8 @@ def add_arguments(p) -> None:
     p.add_argument("--http-url", default=None, help="its gateway, e.g. http://localhost:8000")
     p.add_argument("--model", default=None, help="target model when starting services [SPECMESH_MODEL]")
     p.add_argument("--draft-model", default=None, help="draft model when starting services")
+    p.add_argument("--eagle-model", default=None,
+                   help="EAGLE draft (the `eagle` drafter) when starting services; default: the target's shipped one")
     p.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
     p.add_argument("--per-category", type=int, default=1, help="questions taken from each category")
     p.add_argument("--repeats", type=int, default=2, help="each prompt this many times per path")
@@ -312,7 +314,10 @@ def run(args) -> int:
     if address is None or http_url is None:
         from specmesh_cli.redis_server import free_port
 
-        cluster = Cluster(model=args.model, draft_model=args.draft_model, port=free_port(), http_port=free_port(),
+        from specmesh.drafts import eagle_for
+
+        cluster = Cluster(model=args.model, draft_model=args.draft_model, eagle_model=eagle_for(args.model, args.eagle_model),
+                          port=free_port(), http_port=free_port(),
                           log_dir=args.out / "logs")
         log.info("starting services and the gateway (logs in %s)", args.out / "logs")
         cluster.start()

@@ -84,6 +84,7 @@ def add_arguments(p) -> None:
     client_args.add_client_arguments(p)
     p.add_argument("--model", default=None, help="target model of the stack started here (default: smollm2)")
     p.add_argument("--draft-model", default=None, help="its draft model (default: the target's shipped draft)")
+    p.add_argument("--eagle-model", default=None, help="its EAGLE draft (default: the target's shipped one)")
     p.add_argument("--draft-replicas", type=int, default=2)
     p.add_argument("--verifier-replicas", type=int, default=2)
     p.add_argument("--orchestrator-replicas", type=int, default=2)
@@ -201,11 +202,12 @@ class Stack:
         if self.args.addr:
             self.targets = list(self.args.addr)
             return
-        from specmesh.drafts import draft_for
+        from specmesh.drafts import draft_for, eagle_for
         from specmesh_cli.launcher import Cluster
         from specmesh_cli.redis_server import free_port
 
         self.cluster = Cluster(model=self.args.model, draft_model=draft_for(self.args.model, self.args.draft_model),
+                          eagle_model=eagle_for(self.args.model, self.args.eagle_model),
                                port=free_port(), draft_replicas=self.args.draft_replicas,
                                verifier_replicas=self.args.verifier_replicas,
                                orchestrator_replicas=self.args.orchestrator_replicas,
