@@ -59,7 +59,7 @@ def _final_norm(model):
 def build_eagle(target_model, draft_to_target: Sequence[int], layers: int = 1):
     """An EAGLE draft (specmesh.eagle) for the target: the draft LM built from the target's last
     `layers` decoder layers (they already read features like the ones the draft continues), and
-    an `fc` that starts by handing the layer the feature (un-normed) plus a little of the token."""
+    an `fc` that starts by handing the layer the feature (un-normed) plus the token (at the same scale)."""
     from specmesh.eagle import EagleDraft
 
     model = EagleDraft(build_draft(target_model, draft_to_target, layers, from_last=True))
@@ -77,8 +77,11 @@ def build_eagle(target_model, draft_to_target: Sequence[int], layers: int = 1):
         # by the weight twice: training starts from "copy" and learns the step forward.
         weight = _final_norm(target_model).weight.detach().float()                  # [H]
         safe = torch.where(weight.abs() < 1e-3, torch.full_like(weight, 1e-3), weight)
+        # The token's embedding is scaled to the same unit RMS, so the layer sees both from the start
+        # (SmolLM2's rows have RMS ~0.14 against ~1: unscaled, the token was all but invisible).
+        token_scale = 1.0 / float(table[:-1].pow(2).mean().sqrt().clamp(min=1e-6))
         model.fc.weight.zero_()
-        model.fc.weight[:, :hidden].copy_(torch.eye(hidden) * 0.1)
+        model.fc.weight[:, :hidden].copy_(torch.eye(hidden) * token_scale)
         model.fc.weight[:, hidden:].copy_(torch.diag(1.0 / safe))
         model.fc.bias.zero_()
     return model
