@@ -1,4 +1,5 @@
-"""The shipped draft of the default target (specmesh/drafts/smollm2-135m-draft).
+"""The shipped drafts of the default target (specmesh/drafts/smollm2-135m-draft, and the
+EAGLE-style specmesh/drafts/smollm2-135m-eagle).
 
 Greedy equality through the three services: speculative output with the
 distilled draft is the target's own greedy output, token for token, and the
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from specmesh.client import Client
-from specmesh.drafts import SHIPPED, default_draft, draft_for, resolve_draft
+from specmesh.drafts import SHIPPED, default_draft, default_eagle, draft_for, eagle_for, resolve_draft
 from specmesh.distilled import load_draft
 from specmesh_cli.launcher import Cluster
 from specmesh.models import load_tokenizer
@@ -17,13 +18,15 @@ from specmesh_cli.redis_server import free_port
 from tests.test_greedy_equality import REAL_PROMPTS
 
 FOLDER = SHIPPED["smollm2-draft"]
+EAGLE = SHIPPED["smollm2-eagle"]
 CHAT_PROMPTS = ["Explain why the sky is blue in three sentences.", "Write a Python function that adds two numbers."]
 
 
-def test_the_shipped_draft_is_small_and_documented():
-    size = sum(f.stat().st_size for f in FOLDER.iterdir() if f.is_file())
+@pytest.mark.parametrize("folder", [FOLDER, EAGLE], ids=["lm", "eagle"])
+def test_the_shipped_draft_is_small_and_documented(folder):
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
     assert size <= 20 * 2**20, f"{size / 2**20:.1f} MiB"
-    card = (FOLDER / "README.md").read_text()
+    card = (folder / "README.md").read_text()
     assert "specmesh distill" in card and "--seed" in card and "| overall |" in card
 
 
@@ -32,6 +35,9 @@ def test_default_target_gets_the_shipped_draft():
     assert default_draft("/some/other/model") is None
     assert draft_for(None, "none") is None and draft_for(None, "/my/draft") == "/my/draft"
     assert resolve_draft("smollm2-draft") == str(FOLDER)
+    assert default_eagle(None) == "smollm2-eagle" and default_eagle("/some/other/model") is None
+    assert eagle_for(None, "none") is None and eagle_for(None, None) == "smollm2-eagle"
+    assert resolve_draft("smollm2-eagle") == str(EAGLE)
 
 
 @pytest.mark.real_model
@@ -39,12 +45,17 @@ def test_the_shipped_draft_fits_the_default_target():
     _, info = load_tokenizer("smollm2")
     draft = load_draft(resolve_draft("smollm2-draft"), target=info)
     assert draft.info.vocab_fingerprint == info.vocab_fingerprint
+    from specmesh.eagle import load_eagle
+
+    eagle = load_eagle(resolve_draft("smollm2-eagle"), target=info)
+    assert eagle.model.hidden_size == 576
 
 
 @pytest.fixture(scope="module")
 def distilled_cluster(tmp_path_factory, redis_url):
     """The default target with the shipped draft, as `specmesh up` serves it with no flags."""
-    with Cluster(draft_model=draft_for(None, None), port=free_port(), redis_url=redis_url,
+    with Cluster(draft_model=draft_for(None, None), eagle_model=eagle_for(None, None), port=free_port(),
+                 redis_url=redis_url,
                  log_dir=tmp_path_factory.mktemp("logs-distilled"), startup_timeout_s=900) as cluster:
         yield cluster
 
@@ -60,6 +71,20 @@ def test_greedy_equality_with_the_distilled_draft(distilled_cluster):
                 assert spec.token_ids == baseline.token_ids, f"k={k}: {prompt[:40]!r}"
                 assert spec.drafter == "model"
                 accepted += spec.stats.accepted_tokens
+    assert accepted > 0
+
+
+@pytest.mark.real_model
+def test_greedy_equality_with_the_eagle_draft(distilled_cluster):
+    """The shipped EAGLE draft reads the target's features: output is still the target's own."""
+    accepted = 0
+    with Client(distilled_cluster.address) as client:
+        for prompt, chat in [(p, False) for p in REAL_PROMPTS] + [(p, True) for p in CHAT_PROMPTS]:
+            baseline = client.generate(prompt, chat=chat, max_new_tokens=48, k=0)
+            spec = client.generate(prompt, chat=chat, max_new_tokens=48, k=4, drafter="eagle")
+            assert spec.token_ids == baseline.token_ids, prompt[:40]
+            assert spec.drafter == "eagle"
+            accepted += spec.stats.accepted_tokens
     assert accepted > 0
 
 
