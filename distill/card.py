@@ -16,6 +16,8 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                     f"{r['greedy_acceptance_k4']:.2f} | "
                     f"{r['sampled_token_acceptance']:.2f} | {r['sampled_committed_per_step_k4']:.2f} |")
     phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
+    # What the training data hold (a --max-train-batches budget keeps the greedy batches, which come first).
+    greedy_share = sum(e["temperature"] == 0 for e in data.train) / max(1, len(data.train))
     eagle = getattr(args, "arch", "lm") == "eagle"
     if eagle:
         what = (f"An EAGLE-style draft (specmesh.eagle): {args.layers} decoder layer(s) that read each token together "
@@ -25,8 +27,8 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
         init = (f"the target's embedding rows for those tokens (tied input/output, frozen: they are the target's "
                 f"head), its last {args.layers} decoder layer(s) and its final norm; `fc` passes the feature through")
         loss = (f"loss = cross-entropy against the target's distribution over the draft vocabulary (exact, from "
-                f"its features) + 0.2 x smooth L1 to its next feature, {args.passes} pass(es) per batch "
-                "(pass 2 reads the draft's own features, as its later draft tokens do)")
+                f"its features) + 0.2 x smooth L1 to its next feature, {args.passes} pass(es) per batch"
+                + (" (pass 2 reads the draft's own features, as its later draft tokens do)" if args.passes > 1 else ""))
     else:
         what = f"A {args.layers}-layer draft over"
         serve = "Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh up --draft-model ...`)."
@@ -49,7 +51,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
 - data: the target's own answers to {data.n_prompts} prompts written from templates x topics over 13
   Spec-Bench-like categories, with passages from the Python reference (`pydoc_data`), standard-library
   docstrings and German gettext catalogues installed on the machine; no Spec-Bench question, nothing
-  downloaded. {100 * args.greedy_fraction:.0f}% answered greedily, the rest sampled at temperature
+  downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each.
 - vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens seen (FR-Spec); they cover

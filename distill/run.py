@@ -122,11 +122,18 @@ def data_key(args, target_name: str) -> str:
 
 
 def main(args, argv: list[str] | None = None) -> int:
+    import signal
+
+    # A run stopped with SIGTERM (kill, a job scheduler) unwinds like Ctrl-C, so the phase it was in
+    # still adds its time to timings.json and the card's wall time counts it after the resume.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return _run(args, argv)
     except DistillError as error:
         print(f"specmesh distill: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args, argv) -> int:
