@@ -200,13 +200,14 @@ def test_features_of_the_wrong_length_are_invalid_argument(cluster):
 # ---------------------------------------------------------------- 2, 3, 5. through the services
 
 
-def test_greedy_output_is_the_targets(cluster):
+@pytest.mark.parametrize("drafter", ["eagle", "eagle-hybrid"])
+def test_greedy_output_is_the_targets(cluster, drafter):
     accepted = 0
     with Client(cluster.address) as client:
         for prompt in PROMPTS:
             reference = client.generate(prompt, k=0, **GREEDY)
-            got = client.generate(prompt, k=4, drafter="eagle", **GREEDY)
-            assert got.drafter == "eagle"
+            got = client.generate(prompt, k=4, drafter=drafter, **GREEDY)
+            assert got.drafter == drafter
             assert got.token_ids == reference.token_ids, prompt
             assert got.stats.draft_tokens > 0
             accepted += got.stats.accepted_tokens

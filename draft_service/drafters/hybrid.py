@@ -44,3 +44,41 @@ class HybridDrafter(Drafter):
             state.tokens.extend(continuation)        # not yet cached: the model's next forward feeds them
             return [DraftProposal.point_mass(t) for t in continuation]
         return self.model.propose(state, k, params, seed, top_n)
+
+
+@register
+class EagleHybridDrafter(Drafter):
+    """`hybrid` with the EAGLE draft in place of the model: lookup on a long match, EAGLE elsewhere.
+
+    Measured on Spec-Bench (docs/distill.md) the two win on different request types: lookup on
+    extraction, summarization and code (text that repeats the prompt), EAGLE on reasoning, roleplay,
+    translation and writing. Its state is the EAGLE drafter's, synced with the target's features on
+    every step whichever of the two proposed, so EAGLE picks up where lookup left off.
+    """
+
+    name = "eagle-hybrid"
+    uses_target_features = True
+
+    def __init__(self, eagle, ngram: int):
+        self.eagle = eagle
+        self.ngram = ngram
+        self.model_name, self.vocab_size = eagle.model_name, eagle.vocab_size
+        self.vocab_fingerprint, self.max_context = eagle.vocab_fingerprint, eagle.max_context
+        self.feature_dim = eagle.feature_dim
+
+    @classmethod
+    def from_config(cls, config: DraftConfig) -> "EagleHybridDrafter | None":
+        from draft_service.drafters.eagle import EagleDrafter
+
+        eagle = EagleDrafter.from_config(config)     # loaded once per configuration (cached)
+        return cls(eagle, config.ngram_max) if eagle is not None else None
+
+    def new_state(self, session_id: str):
+        return self.eagle.new_state(session_id)
+
+    def propose(self, state, k: int, params: SamplingParams, seed: int, top_n: int) -> list[DraftProposal]:
+        continuation = lookup(state.tokens, k, self.ngram, self.ngram)
+        if continuation:
+            state.tokens.extend(continuation)        # drafts: the next sync replaces them with what was committed
+            return [DraftProposal.point_mass(t) for t in continuation]
+        return self.eagle.propose(state, k, params, seed, top_n)
