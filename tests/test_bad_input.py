@@ -215,9 +215,14 @@ def test_a_tiny_temperature_is_served_as_its_greedy_limit(tiny_client):
 
 
 def test_a_message_over_the_size_limit_is_resource_exhausted(tiny_cluster):
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    from specmesh.bounds import DEFAULT_MAX_MESSAGE_BYTES
+
+    size = DEFAULT_MAX_MESSAGE_BYTES + 2 * 2**20     # one string field, just over every service's limit
     for service, port in _ports(tiny_cluster).items():
         with grpc.insecure_channel(f"localhost:{port}", options=[("grpc.max_send_message_length", -1)]) as channel:
-            error = _raw_status(channel, SERVICE_METHODS[service][0], b"\x0a" + b"\x80\x80\x80\x03" + b"a" * 6_291_456)
+            error = _raw_status(channel, SERVICE_METHODS[service][0], b"\x0a" + _VarintBytes(size) + b"a" * size)
             assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, service
 
 

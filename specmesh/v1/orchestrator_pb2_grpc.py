@@ -76,7 +76,7 @@ class OrchestratorServicer:
         ALREADY_EXISTS for a session_id in use, UNAVAILABLE when no draft or
         verifier replica answers, RESOURCE_EXHAUSTED when a limit is reached
         (active sessions, or a message larger than the server's
-        max_message_bytes, 4 MiB by default).
+        max_message_bytes, 16 MiB by default).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
