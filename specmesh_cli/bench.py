@@ -146,7 +146,11 @@ def _load_peers(args) -> "bench_peers.HFPeers | None":
     lookup = [int(n) for n in args.peer_lookup_tokens.split(",") if n.strip()]
     assistant = [int(n) for n in args.peer_assistant_tokens.split(",") if n.strip()] or sorted(
         {k for _, k in parse_configs(args.configs) if k}) or [4]
-    return bench_peers.HFPeers.load(args.model, args.draft_model, lookup, assistant, args.temperature)
+    from specmesh.drafts import draft_for
+
+    # The same draft our services run (the shipped one by default), as HF's assistant model.
+    return bench_peers.HFPeers.load(args.model, draft_for(args.model, args.draft_model), lookup, assistant,
+                                    args.temperature)
 
 
 def _run_peers(peers, q: dict, baseline, args) -> list[dict]:

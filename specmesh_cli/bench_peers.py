@@ -84,6 +84,9 @@ class HFPeers:
         target = load_model(model or DEFAULT_MODEL)    # stock transformers model, fp32, as HF users run it
         draft, skipped = None, []
         if draft_model:
+            from specmesh.drafts import resolve_draft
+
+            draft_model = resolve_draft(draft_model)     # a shipped draft's name -> its folder
             try:
                 if (Path(draft_model).expanduser() / VOCAB_MAP_FILE).is_file():
                     draft = full_vocab_assistant(Path(draft_model).expanduser(), target.info)
