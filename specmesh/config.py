@@ -91,6 +91,12 @@ class DraftConfig(ServiceSettings):
         help="how the draft model's linear layers run (specmesh/fast_linear.py): packed, stock or int8-dynamic; "
              "a draft may be quantized freely, the rule stays exact and only acceptance moves")
 
+    batch_invariant: bool = setting(
+        True, "compute every draft position the same way however it is chunked or rebuilt (oneDNN products for "
+              "the linear layers and attention; specmesh/invariant.py), so a draft replica rebuilt after a crash "
+              "proposes the same q bit for bit and sampled outputs stay identical; needs linear_kernels=packed "
+              "on an fp32 CPU model")
+
     __post_init__ = _check_kernels
 
 
@@ -116,6 +122,12 @@ class VerifierConfig(ServiceSettings):
              "oneDNN, so a (k + 1)-token Verify costs ~1.05x a 1-token step instead of 1.5-2x with stock MKL on "
              "CPU; same outputs to float rounding; +1 weight copy, 1-2 s at start-up; a no-op on GPUs), stock, "
              "or int8-dynamic (a different target: only on request)")
+    batch_invariant: bool = setting(
+        True, "compute a position's logits the same way whoever shares its forward pass and however its cache "
+              "was built (step by step, one prefill, a rebuild after a crash): oneDNN products for the linear "
+              "layers and attention (specmesh/invariant.py), so sampled outputs are identical under batching "
+              "and failover, not just greedy ones; needs linear_kernels=packed on an fp32 CPU model; off: stock "
+              "SDPA attention, which rounds by shape")
 
     __post_init__ = _check_kernels
 

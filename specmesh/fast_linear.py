@@ -50,8 +50,11 @@ def available(model: nn.Module) -> bool:
 class PackedLinear(nn.Module):
     """An nn.Linear whose weight also lives in oneDNN's packed layout; same outputs."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, invariant: bool = False):
         super().__init__()
+        # Batch-invariant numerics (specmesh/invariant.py): a lone row goes through oneDNN too, doubled,
+        # since oneDNN gives every row the same bits for any M >= 2 and MKL's M = 1 path rounds otherwise.
+        self.invariant = invariant
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight      # the same Parameter: ties (lm_head = embedding) survive
         self.bias = linear.bias
@@ -61,45 +64,67 @@ class PackedLinear(nn.Module):
                                  persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # [..., in] -> [..., out]
-        if x.numel() == self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)        # one row: MKL's matrix-vector path is fastest
+        if x.dtype != torch.float32 or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        if x.numel() == self.in_features:
+            if not self.invariant:
+                return F.linear(x, self.weight, self.bias)    # one row: MKL's matrix-vector path is fastest
+            doubled = x.reshape(1, -1).expand(2, -1).contiguous()
+            return torch.ops.mkldnn._linear_pointwise(doubled, self.packed, self.bias, "none", [], "")[:1].view(
+                *x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"packed{', batch-invariant' if self.invariant else ''}")
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, invariant: bool = False) -> int:
     """Replace every nn.Linear of a CPU fp32 model by a PackedLinear, in place.
 
     Returns how many were replaced (0 where packing does not apply: another
-    device or dtype, or a torch without oneDNN).
+    device or dtype, or a torch without oneDNN). With `invariant`, layers packed
+    earlier switch to batch-invariant numerics too.
     """
     if not available(model):
         return 0
     started = time.monotonic()
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.invariant = module.invariant or invariant
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is nn.Linear]
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, invariant))
     log.info("pre-packed %d linear weights for oneDNN in %.2f s", len(targets), time.monotonic() - started)
     return len(targets)
 
 
-def apply_kernels(model: nn.Module, kernels: str) -> None:
+def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False) -> None:
     """Set up a loaded model's linear layers as `kernels` names (one call, at model load).
 
     "packed": PackedLinear where it applies (CPU, fp32; a no-op elsewhere), same outputs.
     "stock": torch's own nn.Linear.
     "int8-dynamic": specmesh.quantize; a different model, so never a silent default for a target.
+    `batch_invariant` (with "packed"): attention too runs on oneDNN products, so a position's
+    logits are the same bits however it is batched or chunked (specmesh/invariant.py).
     """
     from specmesh.config import LINEAR_KERNELS
 
     if kernels not in LINEAR_KERNELS:
         raise ValueError(f"unknown linear kernels {kernels!r}; choose one of {', '.join(LINEAR_KERNELS)}")
     if kernels == "packed":
+        if batch_invariant:
+            from specmesh.invariant import make_batch_invariant
+
+            if make_batch_invariant(model):
+                log.info("batch-invariant numerics: oneDNN linear layers and attention")
+                return
+            log.info("batch-invariant numerics need an fp32 model on a CPU with oneDNN: off")
         pack_linears(model)
     elif kernels == "int8-dynamic":
         from specmesh.quantize import quantize_linears
 
         quantize_linears(model, kernels)
+    if batch_invariant and kernels != "packed":
+        log.warning("batch_invariant is on, but linear_kernels=%s cannot provide it: off", kernels)

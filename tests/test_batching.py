@@ -13,13 +13,16 @@ from specmesh.models import load_model
 from verifier_service.batching import batched_forward
 
 
-@pytest.fixture(scope="module", params=["stock", "packed"])
+@pytest.fixture(scope="module", params=["stock", "packed", "batch-invariant"])
 def target(tiny_models, request):
-    """The tiny target with torch's linear layers and with the verifier's default pre-packed ones."""
+    """The tiny target with torch's linear layers, pre-packed ones, and the verifier's default:
+    pre-packed and batch-invariant (where batching must not change a single bit)."""
     from specmesh.fast_linear import apply_kernels
 
     loaded = load_model(str(tiny_models["target"]))
-    apply_kernels(loaded.model, request.param)
+    invariant = request.param == "batch-invariant"
+    apply_kernels(loaded.model, "packed" if invariant else request.param, batch_invariant=invariant)
+    loaded.invariant = invariant
     return loaded
 
 
@@ -43,6 +46,7 @@ def test_batched_forward_matches_one_at_a_time(target):
         assert e.shape == g.shape
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
         assert torch.equal(g.argmax(-1), e.argmax(-1))
+        assert torch.equal(g, e) or not target.invariant
     # The caches handed back keep working: a second step, with a rollback, agrees too.
     for s in solo + batch:
         s.sync(len(s.tokens) - 1, [9])
@@ -50,6 +54,7 @@ def test_batched_forward_matches_one_at_a_time(target):
     got = batched_forward(model, batch, [[1, 2]] * 3)
     for e, g, s_solo, s_batch in zip(expected, got, solo, batch):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+        assert torch.equal(g, e) or not target.invariant
         assert s_solo.tokens == s_batch.tokens and s_solo.cached_len == s_batch.cached_len
 
 

@@ -3,8 +3,9 @@
     PYTHONPATH=$PWD python tools/verify_cost.py --threads 1 --rounds 30
 
 Feeds T = 1, 2, 3, 5, 9 tokens after a ~400-token cached context through
-specmesh.kv.KVSession (exactly what a Verify does), for the stock model and
-the pre-packed one (specmesh.fast_linear), interleaved round by round so a
+specmesh.kv.KVSession (exactly what a Verify does), for the stock model, the
+pre-packed one (specmesh.fast_linear) and the batch-invariant one
+(specmesh.invariant, the verifier's default), interleaved round by round so a
 noisy machine slows every variant alike; prints medians and ratios, and the
 largest logit difference between the variants.
 """
@@ -16,7 +17,7 @@ import time
 
 import torch
 
-from specmesh import fast_linear
+from specmesh import fast_linear, invariant
 from specmesh.kv import KVSession
 from specmesh.models import load_model
 
@@ -28,7 +29,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--sizes", default="1,2,3,5,9")
-    parser.add_argument("--variants", default="stock,packed,packed-all")
+    parser.add_argument("--variants", default="stock,packed,batch-invariant")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -39,6 +40,8 @@ def main() -> None:
         started = time.monotonic()
         if name.startswith("packed"):
             fast_linear.pack_linears(model)
+        if name == "batch-invariant":
+            invariant.make_batch_invariant(model)
         if name == "packed-all":   # oneDNN for single rows too, to show why M = 1 keeps F.linear
             for module in model.modules():
                 if isinstance(module, fast_linear.PackedLinear):

@@ -115,7 +115,7 @@ class EagleDrafter(Drafter):
         if not config.eagle_model or config.eagle_model.strip().lower() == "none":
             return None
         drafter = _load(config.eagle_model, config.device)
-        apply_kernels(drafter.model, config.linear_kernels)
+        apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
         return drafter
 
     def new_state(self, session_id: str) -> EagleState:

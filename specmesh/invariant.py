@@ -1,0 +1,168 @@
+"""Batch-invariant numerics: a position's logits do not depend on who shares its forward pass.
+
+Why: a sampled draw compares a uniform u (keyed on seed and position) with the
+target's CDF. If a position's logits move by float rounding, u can land on the
+other side of a boundary, and the same seeded request gives a different (still
+legitimate) token. Rounding moves with the *shape* of the computation: how many
+sessions are batched together, how many tokens a step feeds, whether a cache
+was built token by token or rebuilt in one prefill after a replica died. Stock
+kernels pick their blocking and reduction order by shape, so a session's
+logits differed by up to ~4e-5 between those ways (measured), and about 1
+sampled stream in 40 under load differed from its undisturbed twin.
+
+How: every op of the forward pass computes a row the same way whatever the
+shape around it. Measured op by op on this build (tools/invariance_probe.py):
+- oneDNN's matrix multiply gives bit-identical rows for any M >= 2, any N, and
+  for any K padded with trailing zeros; M = 1 takes another path. So every
+  Linear goes through oneDNN with a lone row doubled (specmesh.fast_linear).
+- Attention is written here with those same oneDNN products. Keys are laid out
+  so that index = position (a batched pass left-pads caches; the mask says by
+  how much), masked scores become exact zeros, and the softmax denominator is
+  one more column of the P.V product, so no reduction runs over a length that
+  depends on the batch.
+- RMSNorm, softmax over the vocabulary, SiLU, RoPE and exp were already
+  row-invariant (checked by the same probe).
+
+The result is the same model computed by different kernels: logits agree with
+stock SDPA to float rounding, as packed weights do. What it buys is that the
+rounding is a function of the session's tokens alone, so greedy and sampled
+outputs are identical under batching, chunking and cache rebuilds. It holds
+between replicas of the same build on the same kind of CPU; another CPU
+generation (AVX-512 against AVX2) or another torch can round differently.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+__all__ = ["ATTENTION", "available", "invariant_attention", "make_batch_invariant"]
+
+# The name registered with transformers' AttentionInterface (and its mask interface).
+ATTENTION = "specmesh_batch_invariant"
+
+def available(model: nn.Module) -> bool:
+    """The oneDNN products exist for fp32 CPU models (the same condition as pre-packing)."""
+    from specmesh import fast_linear
+
+    return fast_linear.available(model)
+
+
+def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T through oneDNN: each row's result is independent of M (>= 2), of N,
+    and of trailing zeros along K. A lone row is doubled, since M = 1 takes another kernel. The
+    weight may be a transposed view (oneDNN reads either layout, with the same bits)."""
+    if not (weight.is_contiguous() or weight.t().is_contiguous()):
+        weight = weight.contiguous()
+    if x.shape[0] == 1:
+        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), weight, None, "none", [], "")[:1]
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, None, "none", [], "")
+
+
+def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                        **_: object) -> tuple[torch.Tensor, None]:
+    """Causal attention whose every output row depends only on its own query and keys.
+
+    query [b, Hq, T, D]; key, value [b, Hkv, L, D]; attention_mask [b, 1, T, L] bool (True: attend),
+    as made by the mask function registered beside this. Returns ([b, T, Hq, D], None).
+    """
+    if dropout:
+        raise ValueError("batch-invariant attention is for inference (dropout must be 0)")
+    batch, heads, length, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    query = query * (dim ** -0.5 if scaling is None else scaling)
+    out = query.new_empty(batch, length, heads, dim)
+    # A few rows (a verify step): one product against every group's keys, 3x the (tiny) arithmetic but one
+    # call, since a oneDNN call's fixed cost (~35 us) is what a step's attention is made of. Many rows (a
+    # prefill): one product per group. Both give the same bits: a column's result does not depend on N.
+    cross = kv_heads > 1 and length <= _CROSS_MAX_ROWS
+    for b in range(batch):
+        start, bias = _layout(attention_mask, b, length, keys)      # bias [T, n]: 0 where allowed, else -inf
+        n = keys - start
+        k, v = key[b, :, start:], value[b, :, start:]               # [Hkv, n, D], index == position
+        # V^T with a row of ones under it: the product's last column is the softmax's denominator,
+        # summed by the same kernel as the values (a plain sum's order depends on n).
+        v_one = query.new_empty(kv_heads, dim + 1, n)
+        v_one[:, :dim].copy_(v.transpose(1, 2))
+        v_one[:, dim].fill_(1.0)
+        q = query[b].reshape(heads * length, dim)                   # rows (group, head in group, t)
+        if cross:
+            scores = _own_group(_matmul(q, k.reshape(kv_heads * n, dim)), kv_heads, n)
+        else:
+            scores = torch.stack([_matmul(rows, k[g]) for g, rows in enumerate(q.view(kv_heads, -1, dim))])
+        scores = scores.reshape(heads, length, n) + bias
+        top = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).min)  # a row with no key
+        weights = torch.exp(scores - top)                                              # masked: exactly 0
+        if cross:
+            summed = _own_group(_matmul(weights.view(heads * length, n), v_one.view(kv_heads * (dim + 1), n)),
+                                kv_heads, dim + 1)
+        else:
+            summed = torch.stack([_matmul(rows, v_one[g])
+                                  for g, rows in enumerate(weights.view(kv_heads, -1, n))])
+        summed = summed.reshape(heads * length, dim + 1)
+        result = summed[:, :dim] / summed[:, dim:].clamp_min(torch.finfo(summed.dtype).tiny)
+        out[b] = result.view(heads, length, dim).transpose(0, 1)
+    return out, None
+
+
+_memo = threading.local()
+_CROSS_MAX_ROWS = 16
+
+
+def _own_group(product: torch.Tensor, groups: int, width: int) -> torch.Tensor:
+    """[G x rows, G x width] every group's rows against every group's columns -> [G, rows, width],
+    each group's rows against its own columns (the diagonal blocks)."""
+    blocks = product.view(groups, product.shape[0] // groups, groups, width)
+    return blocks.diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+
+
+def _layout(mask: torch.Tensor | None, b: int, length: int, keys: int) -> tuple[int, torch.Tensor]:
+    """(first key of batch row b, additive mask [T, L - first]). The same mask object comes back for
+    every layer of one forward pass, so this is worked out once per pass, not once per layer."""
+    if getattr(_memo, "mask", None) is not mask or mask is None:
+        _memo.mask, _memo.rows = mask, {}
+    if b not in _memo.rows:
+        if mask is None:   # only a causal pattern: the queries are the last T positions
+            allowed = torch.arange(keys)[None] <= torch.arange(keys - length, keys)[:, None]
+        else:
+            allowed = mask[b, 0]                                                     # [T, L]
+        # A batched pass left-pads shorter caches: drop the padding so that key index == position.
+        start = int(allowed[-1].int().argmax()) if bool(allowed[-1].any()) else 0
+        bias = torch.zeros(allowed.shape[0], keys - start).masked_fill_(~allowed[:, start:], float("-inf"))
+        _memo.rows[b] = (start, bias)
+    return _memo.rows[b]
+
+
+def _full_mask(*args, **kwargs):
+    """transformers' SDPA mask, always materialised: the attention above reads the padding from it."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, invariant_attention)
+    AttentionMaskInterface.register(ATTENTION, _full_mask)
+
+
+def make_batch_invariant(model: nn.Module) -> bool:
+    """Switch a loaded fp32 CPU model to batch-invariant numerics, in place. Returns False (and
+    changes nothing) where oneDNN is not there to provide it: another device or dtype."""
+    from specmesh import fast_linear
+
+    if not available(model):
+        return False
+    _register()
+    fast_linear.pack_linears(model, invariant=True)
+    # The outermost transformers model (an EAGLE or distilled draft wraps one) hands it down to its parts.
+    models = [m for m in model.modules() if hasattr(m, "set_attn_implementation")]
+    if models:
+        models[0].set_attn_implementation(ATTENTION)
+    return True

@@ -1,0 +1,138 @@
+"""Batch-invariant numerics (specmesh/invariant.py): a position's logits are the same bits
+however the position was computed: in one prefill, in chunks, step by step with feeds of any
+size, or batched beside other sessions of other lengths. That is what keeps a sampled output
+identical when a verifier rebuilds a cache after a crash, or batches differently under load."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specmesh import kv
+from specmesh.fast_linear import PackedLinear, apply_kernels
+from specmesh.invariant import ATTENTION, make_batch_invariant
+from specmesh.kv import KVSession
+from verifier_service.batching import batched_forward
+
+
+def _llama(kv_heads: int, heads: int = 4, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024)
+    return LlamaForCausalLM(config).eval()
+
+
+# Grouped-query attention (2 query heads per key head) and plain multi-head (1), where a
+# one-token step gives the attention's products a single row: the path that needs doubling.
+@pytest.fixture(scope="module", params=[2, 4], ids=["gqa", "mha"])
+def models(request):
+    """(stock SDPA model, the same weights made batch-invariant)."""
+    stock = _llama(kv_heads=request.param)
+    invariant = _llama(kv_heads=request.param)
+    invariant.load_state_dict(stock.state_dict())
+    assert make_batch_invariant(invariant)
+    return stock, invariant
+
+
+TOKENS = torch.randint(1, 97, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+P = 260   # compare the logits that predict positions P .. P + 4
+
+
+def _prefill(model, chunk=None, monkeypatch=None):
+    if chunk:
+        monkeypatch.setattr(kv, "PREFILL_CHUNK", chunk)
+    session = KVSession("a", model)
+    session.sync(0, TOKENS[:P])
+    return session.forward(TOKENS[P:P + 4])
+
+
+def _steps(model, sizes=(1, 3, 2, 5, 9, 4)):
+    """Decode like a verifier does: feed k + 1 tokens, keep some, roll the rest back."""
+    session = KVSession("a", model)
+    session.sync(0, TOKENS[:40])
+    session.forward(last_only=True)
+    n, i = 40, 0
+    while n < P:
+        size = sizes[i % len(sizes)]
+        i += 1
+        session.forward(TOKENS[n:n + size])     # k = size draft tokens scored
+        kept = min(1 + i % 3, P - n)            # some accepted, the rest rejected
+        session.sync(n, TOKENS[n:n + kept])
+        n += kept
+    session.sync(P, [])
+    return session.forward(TOKENS[P:P + 4])
+
+
+def _batched(model):
+    """Session a beside two others whose caches are longer and shorter (left padding differs)."""
+    sessions = []
+    for name, prompt in [("long", TOKENS[::-1][:290]), ("a", TOKENS[:P - 6]), ("short", TOKENS[5:30])]:
+        s = KVSession(name, model)
+        s.sync(0, prompt)
+        s.forward(last_only=True)
+        sessions.append(s)
+    sessions[1].sync(P - 6, TOKENS[P - 6:P])
+    rows = batched_forward(model, sessions, [[3, 4], TOKENS[P:P + 4], [5, 6, 7, 8, 9, 10, 11]])
+    return rows[1]
+
+
+def test_a_position_gets_the_same_bits_however_it_is_computed(models, monkeypatch):
+    _, model = models
+    reference = _prefill(model)
+    assert reference.shape == (5, 97)
+    assert torch.equal(_steps(model), reference)
+    assert torch.equal(_steps(model, sizes=(2, 7)), reference)
+    assert torch.equal(_batched(model), reference)
+    assert torch.equal(_prefill(model, chunk=16, monkeypatch=monkeypatch), reference)
+
+
+def test_batch_invariant_logits_are_the_models_own(models, monkeypatch):
+    """The same function as stock attention, to float rounding, on every path (padding included)."""
+    stock, model = models
+    for compute in (_prefill, _steps, _batched):
+        torch.testing.assert_close(compute(model), compute(stock), atol=2e-4, rtol=1e-4)
+
+
+def test_every_linear_layer_and_the_attention_switch(models):
+    _, model = models
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert packed and all(m.invariant for m in packed)
+    assert model.config._attn_implementation == ATTENTION
+
+
+def test_apply_kernels_turns_it_on_only_with_packed_fp32_cpu_weights():
+    model = _llama(kv_heads=2)
+    apply_kernels(model, "stock", batch_invariant=True)       # cannot provide it: left as it was
+    assert model.config._attn_implementation != ATTENTION
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    half = _llama(kv_heads=2).to(torch.bfloat16)
+    assert make_batch_invariant(half) is False
+    assert half.config._attn_implementation != ATTENTION
+    apply_kernels(model, "packed", batch_invariant=True)
+    assert model.config._attn_implementation == ATTENTION
+
+
+def test_a_rebuilt_verifier_cache_scores_sampled_drafts_identically(tiny_models):
+    """The verifier after a crash: the session's cache rebuilt in one prefill from Redis's tokens,
+    against the one built step by step. Sampled scores (recovered and bonus tokens) are identical."""
+    from specmesh.config import VerifierConfig
+    from specmesh.models import load_model
+    from specmesh.proposal import DraftProposal
+    from specmesh.sampling import SamplingParams
+    from verifier_service.engine import TargetEngine, VerifyCall
+
+    loaded = load_model(str(tiny_models["target"]))
+    apply_kernels(loaded.model, "packed", batch_invariant=True)
+    engine = TargetEngine(loaded, VerifierConfig())
+    params = SamplingParams(temperature=0.8)
+    vocab = loaded.info.vocab_size
+    committed = [t % vocab for t in TOKENS[:120]]
+    drafts = [DraftProposal.point_mass(t % vocab) for t in (7, 9, 11)]
+    engine.prefill("live", committed[:20])
+    for n in range(20, 120, 4):
+        engine.verify_batch([VerifyCall("live", n, committed[n:n + 4], drafts, params, seed=5)])
+    live = engine.verify_batch([VerifyCall("live", 120, [], drafts, params, seed=5)])[0]
+    rebuilt = engine.verify_batch([VerifyCall("rebuilt", 0, committed, drafts, params, seed=5)])[0]
+    assert live.cached_len == rebuilt.cached_len
+    assert live.scores == rebuilt.scores
