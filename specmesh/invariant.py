@@ -32,12 +32,15 @@ generation (AVX-512 against AVX2) or another torch can round differently.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
 from torch import nn
 
 __all__ = ["ATTENTION", "available", "invariant_attention", "make_batch_invariant"]
+
+log = logging.getLogger("specmesh.invariant")
 
 # The name registered with transformers' AttentionInterface (and its mask interface).
 ATTENTION = "specmesh_batch_invariant"
@@ -62,7 +65,7 @@ def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                        **_: object) -> tuple[torch.Tensor, None]:
+                        **kwargs: object) -> tuple[torch.Tensor, None]:
     """Causal attention whose every output row depends only on its own query and keys.
 
     query [b, Hq, T, D]; key, value [b, Hkv, L, D]; attention_mask [b, 1, T, L] bool (True: attend),
@@ -70,6 +73,9 @@ def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     """
     if dropout:
         raise ValueError("batch-invariant attention is for inference (dropout must be 0)")
+    unsupported = [name for name in ("softcap", "s_aux", "position_bias") if kwargs.get(name) is not None]
+    if unsupported:   # make_batch_invariant's check at load catches this first and keeps stock attention
+        raise NotImplementedError(f"batch-invariant attention does not implement {', '.join(unsupported)}")
     batch, heads, length, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     groups = heads // kv_heads
@@ -129,8 +135,10 @@ def _layout(mask: torch.Tensor | None, b: int, length: int, keys: int) -> tuple[
             allowed = torch.arange(keys)[None] <= torch.arange(keys - length, keys)[:, None]
         else:
             allowed = mask[b, 0]                                                     # [T, L]
-        # A batched pass left-pads shorter caches: drop the padding so that key index == position.
-        start = int(allowed[-1].int().argmax()) if bool(allowed[-1].any()) else 0
+        # A batched pass left-pads shorter caches: drop the padding (no row attends to it) so that
+        # key index == position. Only keys that no row may see are dropped, whatever the mask's pattern.
+        seen = allowed.any(dim=0)
+        start = int(seen.int().argmax()) if bool(seen.any()) else 0
         bias = torch.zeros(allowed.shape[0], keys - start).masked_fill_(~allowed[:, start:], float("-inf"))
         _memo.rows[b] = (start, bias)
     return _memo.rows[b]
@@ -154,15 +162,34 @@ def _register() -> None:
 
 def make_batch_invariant(model: nn.Module) -> bool:
     """Switch a loaded fp32 CPU model to batch-invariant numerics, in place. Returns False (and
-    changes nothing) where oneDNN is not there to provide it: another device or dtype."""
+    changes nothing) where oneDNN is not there to provide it (another device or dtype), or where the
+    model's attention needs something this one does not do (a soft cap, sinks): checked at load
+    against the model's own attention on a few tokens, so a model it does not fit keeps its own."""
     from specmesh import fast_linear
 
     if not available(model):
         return False
-    _register()
-    fast_linear.pack_linears(model, invariant=True)
     # The outermost transformers model (an EAGLE or distilled draft wraps one) hands it down to its parts.
     models = [m for m in model.modules() if hasattr(m, "set_attn_implementation")]
-    if models:
-        models[0].set_attn_implementation(ATTENTION)
+    if not models:
+        return False
+    lm = models[0]
+    _register()
+    before = lm.config._attn_implementation
+    probe = torch.arange(1, 9).remainder(lm.config.get_text_config().vocab_size)[None]     # [1, 8]
+    with torch.inference_mode():
+        expected = lm(input_ids=probe).logits
+        lm.set_attn_implementation(ATTENTION)
+        try:
+            got = lm(input_ids=probe).logits
+            fits = torch.allclose(got, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()))
+        except (NotImplementedError, ValueError, RuntimeError) as error:
+            fits, reason = False, str(error)
+        else:
+            reason = f"its logits differ from {before}'s"
+    if not fits:
+        lm.set_attn_implementation(before)
+        log.warning("batch-invariant numerics left off: this model's attention does not fit them (%s)", reason)
+        return False
+    fast_linear.pack_linears(model, invariant=True)
     return True

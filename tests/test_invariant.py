@@ -136,3 +136,38 @@ def test_a_rebuilt_verifier_cache_scores_sampled_drafts_identically(tiny_models)
     rebuilt = engine.verify_batch([VerifyCall("rebuilt", 0, committed, drafts, params, seed=5)])[0]
     assert live.cached_len == rebuilt.cached_len
     assert live.scores == rebuilt.scores
+
+
+def test_a_model_whose_attention_it_does_not_implement_keeps_its_own():
+    """Gemma 2 soft-caps its attention scores: the check at load sees the difference and backs off."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, attn_logit_softcapping=5.0,
+                          attn_implementation="eager")
+    model = Gemma2ForCausalLM(config).eval()
+    assert make_batch_invariant(model) is False
+    assert model.config._attn_implementation == "eager"
+    assert not any(isinstance(m, PackedLinear) and m.invariant for m in model.modules())
+
+
+def test_a_sliding_window_stays_the_models_own():
+    """Attention with a window: the mask's pattern is followed, whatever it is."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=16)
+    stock = MistralForCausalLM(config).eval()
+    model = MistralForCausalLM(config).eval()
+    model.load_state_dict(stock.state_dict())
+    assert make_batch_invariant(model)
+    ids = torch.tensor([TOKENS[:40], TOKENS[40:80]])
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0                                    # the second row left-padded, as a batch is
+    with torch.inference_mode():
+        got = model(input_ids=ids, attention_mask=mask).logits
+        expected = stock(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got[0], expected[0], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got[1, 7:], expected[1, 7:], atol=2e-4, rtol=1e-4)
