@@ -12,9 +12,10 @@ sampled stream in 40 under load differed from its undisturbed twin.
 
 How: every op of the forward pass computes a row the same way whatever the
 shape around it. Measured op by op on this build (tools/invariance_probe.py):
-- oneDNN's matrix multiply gives bit-identical rows for any M >= 2, any N, and
-  for any K padded with trailing zeros; M = 1 takes another path. So every
-  Linear goes through oneDNN with a lone row doubled (specmesh.fast_linear).
+- oneDNN's matrix multiply gives bit-identical rows for any M >= 2, any N >= 2,
+  and for any K padded with trailing zeros; M = 1 and N = 1 take other paths.
+  So every Linear goes through oneDNN with a lone row doubled
+  (specmesh.fast_linear).
 - Attention is written here with those same oneDNN products. Keys are laid out
   so that index = position (a batched pass left-pads caches; the mask says by
   how much), masked scores become exact zeros, and the softmax denominator is
@@ -22,6 +23,8 @@ shape around it. Measured op by op on this build (tools/invariance_probe.py):
   depends on the batch.
 - RMSNorm, softmax over the vocabulary, SiLU, RoPE and exp were already
   row-invariant (checked by the same probe).
+
+tools/invariance_probe.py checks all of this on another machine in a minute.
 
 The result is the same model computed by different kernels: logits agree with
 stock SDPA to float rounding, as packed weights do. What it buys is that the
@@ -53,11 +56,13 @@ def available(model: nn.Module) -> bool:
 
 
 def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight[N, K]^T through oneDNN: each row's result is independent of M (>= 2), of N,
-    and of trailing zeros along K. A lone row is doubled, since M = 1 takes another kernel. The
-    weight may be a transposed view (oneDNN reads either layout, with the same bits)."""
+    """x [M, K] @ weight[N, K]^T through oneDNN: each row's result is independent of M (>= 2), of N
+    (>= 2), and of trailing zeros along K. A lone row or column is doubled, since M = 1 and N = 1 take
+    other kernels. The weight may be a transposed view (oneDNN reads either layout, with the same bits)."""
     if not (weight.is_contiguous() or weight.t().is_contiguous()):
         weight = weight.contiguous()
+    if weight.shape[0] == 1:   # a single key (a one-token prompt)
+        return _matmul(x, weight.expand(2, -1).contiguous())[:, :1]
     if x.shape[0] == 1:
         return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), weight, None, "none", [], "")[:1]
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, None, "none", [], "")

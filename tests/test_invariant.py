@@ -171,3 +171,16 @@ def test_a_sliding_window_stays_the_models_own():
         expected = stock(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(got[0], expected[0], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(got[1, 7:], expected[1, 7:], atol=2e-4, rtol=1e-4)
+
+
+def test_a_one_token_prompt_gets_the_same_bits_as_inside_a_longer_one(models):
+    """A one-token prompt: one query against one key (oneDNN takes other kernels for a single row)."""
+    _, model = models
+    alone = KVSession("one", model)
+    alone.sync(0, TOKENS[:1])
+    alone.forward(last_only=True)                      # position 0 computed alone: one query, one key
+    alone.sync(1, TOKENS[1:2])
+    after_one = alone.forward(TOKENS[2:4])             # position 0's cache entries reused
+    together = KVSession("many", model)
+    together.sync(0, TOKENS[:2])
+    assert torch.equal(after_one, together.forward(TOKENS[2:4]))
