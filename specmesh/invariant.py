@@ -101,8 +101,7 @@ def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
         v_one[:, dim].fill_(1.0)
         q = query[b].reshape(heads * length, dim)                   # rows (group, head in group, t)
         if cross:
-            flat, rows = _flat_heads(k)
-            scores = _own_group(_matmul(q, flat), kv_heads, rows)[:, :, :n]
+            scores = _own_group(_matmul(q, k.reshape(kv_heads * n, dim)), kv_heads, n)
         else:
             scores = torch.stack([_matmul(rows, k[g]) for g, rows in enumerate(q.view(kv_heads, -1, dim))])
         scores = scores.reshape(heads, length, n) + bias
@@ -122,18 +121,6 @@ def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
 
 _memo = threading.local()
 _CROSS_MAX_ROWS = 16
-
-
-def _flat_heads(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """[H, n, D] -> ([H * m, D], m): every head's rows, m >= n apart. Without a copy where the heads lie
-    evenly spaced in one buffer (specmesh.kv.GrowingLayer's views: a head's n rows and its room, whose
-    extra rows are computed and dropped); else a copy, m = n."""
-    heads, n, dim = t.shape
-    if t.stride(2) == 1 and t.stride(1) == dim and t.stride(0) % dim == 0 and t.stride(0) >= n * dim:
-        m = t.stride(0) // dim
-        if t.storage_offset() + heads * m * dim <= t.untyped_storage().nbytes() // t.element_size():
-            return t.as_strided((heads * m, dim), (dim, 1)), m
-    return t.reshape(heads * n, dim), n
 
 
 def _own_group(product: torch.Tensor, groups: int, width: int) -> torch.Tensor:

@@ -11,61 +11,12 @@ from typing import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from specmesh import engine_host, fingerprint
 from specmesh.errors import CacheMiss, InvalidArgument
 
 # Tokens per forward pass when feeding a long sequence (see KVSession.forward).
 PREFILL_CHUNK = 512
-
-# A session's cache grows in steps of this many positions (see GrowingLayer).
-CACHE_GROWTH = 64
-
-
-class GrowingLayer(DynamicLayer):
-    """transformers' DynamicLayer, but appending in place instead of by concatenation.
-
-    DynamicLayer appends a step's keys and values with torch.cat, which copies the
-    whole cache of every layer on every step: 7.8 ms of a 60 ms SmolLM2 step at a
-    400-token context on this CPU (measured with torch.profiler), growing with the
-    context. Here the entries live in a buffer with room for CACHE_GROWTH more
-    positions, and `keys`/`values` are views of its filled part; a crop (a
-    rejected draft) shortens the views, and the next step writes over what it
-    dropped. The buffer is reallocated, with the room, only when it is full.
-    Memory accounting (cache_nbytes) counts the whole buffer.
-    """
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        length, added = self.get_seq_length(), key_states.shape[-2]
-        self.keys, self.values = (self._append(self.keys, key_states, length, added),
-                                  self._append(self.values, value_states, length, added))
-        return self.keys, self.values
-
-    @staticmethod
-    def _append(view: torch.Tensor, new: torch.Tensor, length: int, added: int) -> torch.Tensor:
-        buffer = view._base if view._base is not None else view
-        fits = (length and buffer.dim() == 4 and buffer.shape[:2] == new.shape[:2] and buffer.shape[-1] == new.shape[-1]
-                and buffer.shape[-2] >= length + added and view.data_ptr() == buffer.data_ptr()
-                and view.stride() == buffer.stride())
-        if not fits:   # first entries, a full buffer, or tensors put there by someone else: a new buffer
-            room = (length + added) // CACHE_GROWTH * CACHE_GROWTH + CACHE_GROWTH   # 1 to CACHE_GROWTH free
-            grown = new.new_zeros(*new.shape[:2], room, new.shape[-1])
-            if length:
-                grown[:, :, :length].copy_(view[:, :, :length])
-            buffer = grown
-        buffer[:, :, length:length + added].copy_(new)
-        return buffer[:, :, :length + added]
-
-
-def new_cache(model) -> DynamicCache:
-    """An empty cache for `model`: GrowingLayer for every full-attention layer (sliding-window
-    layers keep transformers' own, which trims itself)."""
-    cache = DynamicCache(config=model.config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
 
 
 class TokenHistory:
@@ -111,7 +62,7 @@ class KVSession(TokenHistory):
     def __init__(self, session_id: str, model):
         super().__init__(session_id)
         self.model = model
-        self.cache = new_cache(model)
+        self.cache = DynamicCache(config=model.config)
         # transformers 5.x renamed the forward argument `past_key_values` to `cache`.
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         # After a forward with features=True: (position of the first fed token, [fed, H] the model's last
@@ -144,7 +95,7 @@ class KVSession(TokenHistory):
 
     def replace_cache(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Install a cache built elsewhere (a batched forward): one (keys, values) pair per layer."""
-        self.cache = new_cache(self.model)
+        self.cache = DynamicCache(config=self.model.config)
         for index, (keys, values) in enumerate(layers):
             self.cache.update(keys, values, index)
 

@@ -325,7 +325,7 @@ def test_exporters_follow_the_environment(environ, expected):
 
 
 def test_cache_nbytes_counts_dynamic_cache_tensors(tiny_models):
-    from specmesh.kv import CACHE_GROWTH, KVSession, cache_nbytes
+    from specmesh.kv import KVSession, cache_nbytes
     from specmesh.models import load_model
 
     loaded = load_model(str(tiny_models["target"]))
@@ -337,8 +337,7 @@ def test_cache_nbytes_counts_dynamic_cache_tensors(tiny_models):
     config = loaded.model.config
     layers, heads = config.num_hidden_layers, getattr(config, "num_key_value_heads", config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    # 4 positions filled, in a buffer with room for CACHE_GROWTH (specmesh.kv.GrowingLayer): all of it counts
-    assert held == 2 * layers * heads * head_dim * CACHE_GROWTH * next(loaded.model.parameters()).element_size()
+    assert held == 2 * layers * heads * head_dim * 4 * next(loaded.model.parameters()).element_size()
 
 
 def test_engine_queue_counts_calls_waiting_for_the_model_thread():

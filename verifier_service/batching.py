@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+from transformers import DynamicCache
 
 from specmesh import telemetry
 from specmesh.engine_host import Caller, EngineHost, caller
 from specmesh.errors import ResourceExhausted
-from specmesh.kv import KVSession, new_cache
+from specmesh.kv import KVSession
 
 
 @torch.inference_mode()
@@ -61,7 +62,7 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
         input_ids[i, :len(feed)] = torch.tensor(feed, device=device)
         mask[i, past - length:past + len(feed)] = 1
         positions[i] = torch.arange(length, length + width, device=device)
-    batch_cache = new_cache(model)
+    batch_cache = DynamicCache(config=model.config)
     for layer in range(len(sessions[0].cache.layers) if past else 0):
         keys, values = [], []
         for s, length in zip(sessions, lengths):
