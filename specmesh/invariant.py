@@ -36,6 +36,7 @@ generation (AVX-512 against AVX2) or another torch can round differently.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import torch
@@ -149,6 +150,21 @@ def _layout(mask: torch.Tensor | None, b: int, length: int, keys: int) -> tuple[
     return _memo.rows[b]
 
 
+# Entries kept by oneDNN's primitive cache and by ideep's cache of computations (torch's
+# oneDNN binding). Each holds ~100 KB, and attention meets a new shape on nearly every
+# step (the key count grows), so at their default of 1,024 each, a verifier's resident
+# memory rose ~400 MB under load and stayed there. A forward pass reuses a few dozen
+# shapes (each layer type at the step's row count), which 128 holds.
+ONEDNN_CACHE_ENTRIES = 128
+
+
+def _bound_onednn_caches() -> None:
+    """Both caches read their capacity when first used: before the first oneDNN call. A value
+    set in the environment by the operator wins."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
+
+
 def _full_mask(*args, **kwargs):
     """transformers' SDPA mask, always materialised: the attention above reads the padding from it."""
     from transformers.masking_utils import sdpa_mask
@@ -174,6 +190,7 @@ def make_batch_invariant(model: nn.Module) -> bool:
 
     if not available(model):
         return False
+    _bound_onednn_caches()
     # The outermost transformers model (an EAGLE or distilled draft wraps one) hands it down to its parts.
     models = [m for m in model.modules() if hasattr(m, "set_attn_implementation")]
     if not models:
