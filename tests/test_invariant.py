@@ -184,3 +184,17 @@ def test_a_one_token_prompt_gets_the_same_bits_as_inside_a_longer_one(models):
     together = KVSession("many", model)
     together.sync(0, TOKENS[:2])
     assert torch.equal(after_one, together.forward(TOKENS[2:4]))
+
+
+def test_onednn_caches_are_bounded_unless_the_operator_set_them(monkeypatch):
+    """Attention meets a new shape nearly every step: at oneDNN's default of 1,024 cached entries
+    (~100 KB each), a verifier's memory grew ~400 MB under load and stayed."""
+    from specmesh import invariant
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "32")
+    assert make_batch_invariant(_llama(kv_heads=2))
+    import os
+
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(invariant.ONEDNN_CACHE_ENTRIES)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "32"
