@@ -47,6 +47,15 @@ def available(model: nn.Module) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+def onednn_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ weight^T (+ bias) through oneDNN (weight: [N, K], plain or packed by
+    `_reorder_linear_weight`). A lone row is doubled: oneDNN gives every row the same bits for any
+    M >= 2, and M = 1 takes another kernel (specmesh/invariant.py)."""
+    if x.shape[0] == 1:
+        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), weight, bias, "none", [], "")[:1]
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+
+
 class PackedLinear(nn.Module):
     """An nn.Linear whose weight also lives in oneDNN's packed layout; same outputs."""
 
@@ -66,13 +75,10 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # [..., in] -> [..., out]
         if x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        if x.numel() == self.in_features:
-            if not self.invariant:
-                return F.linear(x, self.weight, self.bias)    # one row: MKL's matrix-vector path is fastest
-            doubled = x.reshape(1, -1).expand(2, -1).contiguous()
-            return torch.ops.mkldnn._linear_pointwise(doubled, self.packed, self.bias, "none", [], "")[:1].view(
-                *x.shape[:-1], self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        if x.numel() == self.in_features and not self.invariant:
+            return F.linear(x, self.weight, self.bias)        # one row: MKL's matrix-vector path is fastest
+        rows = onednn_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
+        return rows.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

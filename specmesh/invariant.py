@@ -42,18 +42,14 @@ import threading
 import torch
 from torch import nn
 
-__all__ = ["ATTENTION", "available", "invariant_attention", "make_batch_invariant"]
+from specmesh.fast_linear import available, onednn_matmul, pack_linears
+
+__all__ = ["ATTENTION", "invariant_attention", "make_batch_invariant"]
 
 log = logging.getLogger("specmesh.invariant")
 
 # The name registered with transformers' AttentionInterface (and its mask interface).
 ATTENTION = "specmesh_batch_invariant"
-
-def available(model: nn.Module) -> bool:
-    """The oneDNN products exist for fp32 CPU models (the same condition as pre-packing)."""
-    from specmesh import fast_linear
-
-    return fast_linear.available(model)
 
 
 def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -63,10 +59,8 @@ def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if not (weight.is_contiguous() or weight.t().is_contiguous()):
         weight = weight.contiguous()
     if weight.shape[0] == 1:   # a single key (a one-token prompt)
-        return _matmul(x, weight.expand(2, -1).contiguous())[:, :1]
-    if x.shape[0] == 1:
-        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), weight, None, "none", [], "")[:1]
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, None, "none", [], "")
+        return onednn_matmul(x, weight.expand(2, -1).contiguous())[:, :1]
+    return onednn_matmul(x, weight)
 
 
 def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -186,8 +180,6 @@ def make_batch_invariant(model: nn.Module) -> bool:
     changes nothing) where oneDNN is not there to provide it (another device or dtype), or where the
     model's attention needs something this one does not do (a soft cap, sinks): checked at load
     against the model's own attention on a few tokens, so a model it does not fit keeps its own."""
-    from specmesh import fast_linear
-
     if not available(model):
         return False
     _bound_onednn_caches()
@@ -213,5 +205,5 @@ def make_batch_invariant(model: nn.Module) -> bool:
         lm.set_attn_implementation(before)
         log.warning("batch-invariant numerics left off: this model's attention does not fit them (%s)", reason)
         return False
-    fast_linear.pack_linears(model, invariant=True)
+    pack_linears(model, invariant=True)
     return True
