@@ -27,7 +27,8 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
         init = (f"the target's embedding rows for those tokens (tied input/output, frozen: they are the target's "
                 f"head), its last {args.layers} decoder layer(s) and its final norm; `fc` passes the feature through")
         loss = (f"loss = cross-entropy against the target's distribution over the draft vocabulary (exact, from "
-                f"its features) + 0.2 x smooth L1 to its next feature, {args.passes} pass(es) per batch"
+                f"its features) at {'every position, prompt and answer' if getattr(args, 'prompt_positions', False) else 'answer positions'}"
+                f" + 0.2 x smooth L1 to its next feature, {args.passes} pass(es) per batch"
                 + (" (pass 2 reads the draft's own features, as its later draft tokens do)" if args.passes > 1 else ""))
     else:
         what = f"A {args.layers}-layer draft over"

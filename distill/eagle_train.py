@@ -73,12 +73,16 @@ def shifted(features: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
 
 
-def eagle_loss(passes: int, teacher_head: torch.Tensor) -> Callable:
-    """batch -> (loss, stats) for `model` (EagleDraft); teacher_head [n_out, H]: the target's output rows."""
+def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool = False) -> Callable:
+    """batch -> (loss, stats) for `model` (EagleDraft); teacher_head [n_out, H]: the target's output rows.
+
+    With `prompt_positions` the token loss covers the prompt's positions too: the target's distribution
+    of the next token is in its feature there as much as in the answer, so the same generations give
+    more (and more varied) teaching positions; answers alone are what the draft is served on."""
     def loss_of(model, batch):
         target = batch["features"]                                                   # [B, L, H]
         valid = batch["attention_mask"].bool()                                       # [B, L]
-        answer = batch["answer"]                                                     # [B, L]
+        answer = valid if prompt_positions else batch["answer"]                      # [B, L]
         with torch.no_grad():
             teacher = torch.softmax(target[answer] @ teacher_head.T, dim=-1)         # [N, n_out]
         prev = shifted(target)

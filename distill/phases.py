@@ -55,7 +55,9 @@ def make_data(args, target, work: Path) -> Data:
 
 def train_key(args) -> str:
     key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
-    return key + (f"-eagle-p{args.passes}" if args.arch == "eagle" else f"-kd{args.kd_weight}")
+    if args.arch != "eagle":
+        return key + f"-kd{args.kd_weight}"
+    return key + f"-eagle-p{args.passes}" + ("-pp" if getattr(args, "prompt_positions", False) else "")
 
 
 def train(args, target, data: Data, work: Path, device: str):
@@ -86,7 +88,8 @@ def train(args, target, data: Data, work: Path, device: str):
         model = build_eagle(target.model, draft_to_target, args.layers)
         examples = eagle_train.make_examples(data.train, vocab_map.target_to_draft(), max_len=args.max_new_tokens + 512)
         rows = target.model.get_output_embeddings().weight.detach().float()[torch.tensor(draft_to_target)]
-        options = dict(collate_fn=eagle_train.collate, loss_of=eagle_train.eagle_loss(args.passes, rows.to(device)),
+        options = dict(collate_fn=eagle_train.collate, loss_of=eagle_train.eagle_loss(args.passes, rows.to(device),
+                                                                                    args.prompt_positions),
                        trainable=eagle_train.trainable)
     else:
         model = build_draft(target.model, draft_to_target, args.layers)

@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", type=int, default=DEFAULTS["passes"],
                    help="eagle: training passes per batch; pass 2 reads the draft's own features, as its second "
                         "and later draft tokens do")
+    p.add_argument("--prompt-positions", action=argparse.BooleanOptionalAction, default=False,
+                   help="eagle: teach the next-token distribution at the prompt's positions as well as the "
+                        "answer's (the target's features hold it there too: more teaching from the same data)")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps")
     p.add_argument("--train-batch-tokens", type=int, default=DEFAULTS["train_batch_tokens"],
                    help="tokens per optimizer step")

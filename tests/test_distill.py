@@ -275,3 +275,35 @@ def test_eagle_features_match_the_targets_last_hidden_state(eagle_distilled, tin
     with torch.inference_mode():
         hidden = target.model.model(input_ids=ids[:, :-1]).last_hidden_state[0]
     assert torch.allclose(example["features"].float(), hidden, atol=2e-2 * float(hidden.abs().max()))
+
+
+def test_eagle_prompt_positions_teach_the_prompt_too(eagle_distilled, tiny_models, tmp_path):
+    """--prompt-positions: the token loss covers every position of prompt and answer (the same loss as
+    answer-only training on a batch whose whole sequence is answer), trains a run of its own over the
+    same data, and the card says so."""
+    from safetensors.torch import load_file
+
+    from distill import eagle_train
+    from distill.generate import load_examples
+    from specmesh.eagle import EAGLE_FILE, load_eagle
+
+    out, work = eagle_distilled
+    target = load_model(str(tiny_models["target"]))
+    draft = load_eagle(str(out), target=target.info)
+    raw = load_examples(sorted((work / "data" / "train").glob("shard-*.pt")))
+    batch = eagle_train.collate(eagle_train.make_examples(raw, draft.target_to_draft, max_len=64), "cpu")
+    assert not torch.equal(batch["answer"], batch["attention_mask"].bool())     # prompts are there to teach
+    head = draft.model.lm.lm_head.weight[:-1].detach().float()
+    with torch.no_grad():
+        everywhere, _ = eagle_train.eagle_loss(1, head, prompt_positions=True)(draft.model, batch)
+        answers, _ = eagle_train.eagle_loss(1, head)(draft.model, batch)
+        as_if_all_answer, _ = eagle_train.eagle_loss(1, head)(draft.model,
+                                                              dict(batch, answer=batch["attention_mask"].bool()))
+    assert torch.equal(everywhere, as_if_all_answer) and not torch.equal(everywhere, answers)
+
+    pp = tmp_path / "pp"
+    assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(pp), "--work-dir", str(work),
+                     *TINY_ARGS, "--arch", "eagle", "--prompt-positions"]) == 0
+    assert any(p.name.endswith("-pp") for p in work.iterdir())          # its own run over the same data
+    assert "every position, prompt and answer" in (pp / "README.md").read_text()
+    assert not torch.equal(load_file(pp / EAGLE_FILE)["fc.weight"], load_file(out / EAGLE_FILE)["fc.weight"])
