@@ -16,7 +16,7 @@ from specmesh.settings import setting
 from specmesh.tls import ChannelTLS, ServerTLS, channel_tls, server_tls
 
 # The ways a model's linear layers can run: see specmesh/fast_linear.py.
-LINEAR_KERNELS = ("packed", "stock", "int8-dynamic")
+LINEAR_KERNELS = ("packed", "bf16", "stock", "int8-dynamic")
 
 
 def _check_kernels(config) -> None:
@@ -63,6 +63,10 @@ class DraftConfig(ServiceSettings):
         None, "an EAGLE draft folder (`specmesh distill --arch eagle`) or a shipped one's name, served as the "
               "`eagle` drafter: it reads the target's features, which the orchestrator then asks the verifier "
               "for; unset or 'none': not served (`specmesh up` serves the default target's shipped one)")
+    draft_head_tokens: int = setting(
+        2048, "a distilled or EAGLE draft proposes among its N most frequent tokens only (FR-Spec): a draft token "
+              "reads the whole output head, the bulk of its cost on a CPU, so the shipped drafts' ~6k-row heads "
+              "cost 2-3x a 2k one; held-out acceptance moved by <0.5% (docs/benchmarks.md); 0: the whole head")
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(
@@ -87,17 +91,22 @@ class DraftConfig(ServiceSettings):
         1, "torch intra-op threads; drafting is latency-bound small work, so one thread leaves the cores "
            "to the verifier when tiers share a machine")
     linear_kernels: str = setting(
-        "packed", choices=LINEAR_KERNELS,
-        help="how the draft model's linear layers run (specmesh/fast_linear.py): packed, stock or int8-dynamic; "
-             "a draft may be quantized freely, the rule stays exact and only acceptance moves")
+        "bf16", choices=LINEAR_KERNELS,
+        help="how the draft model's linear layers run (specmesh/fast_linear.py): bf16 (weights packed once for "
+             "oneDNN in bfloat16: a draft token on a CPU is bound by reading the weights, and bf16 halves that; "
+             "the shipped drafts proposed the same held-out tokens as in fp32), packed (fp32), stock or "
+             "int8-dynamic; a draft may be quantized freely, the rule stays exact and only acceptance moves")
 
     batch_invariant: bool = setting(
         True, "compute every draft position the same way however it is chunked or rebuilt (oneDNN products for "
               "the linear layers and attention; specmesh/invariant.py), so a draft replica rebuilt after a crash "
-              "proposes the same q bit for bit and sampled outputs stay identical; needs linear_kernels=packed "
+              "proposes the same q bit for bit and sampled outputs stay identical; needs linear_kernels=packed or bf16 "
               "on an fp32 CPU model")
 
-    __post_init__ = _check_kernels
+    def __post_init__(self):
+        _check_kernels(self)
+        if self.draft_head_tokens < 0:
+            raise ValueError(f"draft_head_tokens must be >= 0 (0: the whole head), got {self.draft_head_tokens}")
 
 
 @dataclass(frozen=True)
@@ -121,12 +130,12 @@ class VerifierConfig(ServiceSettings):
         help="how the target's linear layers run (specmesh/fast_linear.py): packed (weights pre-packed once for "
              "oneDNN, so a (k + 1)-token Verify costs ~1.05x a 1-token step instead of 1.5-2x with stock MKL on "
              "CPU; same outputs to float rounding; +1 weight copy, 1-2 s at start-up; a no-op on GPUs), stock, "
-             "or int8-dynamic (a different target: only on request)")
+             "or bf16 / int8-dynamic (a different target: only on request)")
     batch_invariant: bool = setting(
         True, "compute a position's logits the same way whoever shares its forward pass and however its cache "
               "was built (step by step, one prefill, a rebuild after a crash): oneDNN products for the linear "
               "layers and attention (specmesh/invariant.py), so sampled outputs are identical under batching "
-              "and failover, not just greedy ones; needs linear_kernels=packed on an fp32 CPU model; off: stock "
+              "and failover, not just greedy ones; needs linear_kernels=packed (or bf16) on an fp32 CPU model; off: stock "
               "SDPA attention, which rounds by shape")
 
     __post_init__ = _check_kernels

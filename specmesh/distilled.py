@@ -148,6 +148,28 @@ def save_draft(folder: Path, model, vocab_map: VocabMap, card: str, extra: dict 
         f.chmod(0o644)      # safetensors writes owner-only files; the folder ships to every user
 
 
+def cut_head(lm, n: int) -> bool:
+    """Let a distilled draft's LM propose among the first n ids of its vocabulary only (FR-Spec).
+
+    The vocabulary is in order of frequency in the target's answers, so those are its n most
+    frequent tokens. A draft token reads every row of the output head: for the shipped drafts the head
+    is most of a token's memory traffic, and a lone row on a CPU is bound by that traffic. Inputs keep
+    the whole vocabulary (the embedding is a lookup); the head keeps its last row, the input-only
+    "other" bucket, so mask_other still drops it. A q supported on fewer tokens is still a valid
+    proposal: only acceptance moves. Returns whether the head was cut (n <= 0 or n >= its size: no).
+    """
+    head = lm.get_output_embeddings()
+    n_out = head.weight.shape[0] - 1
+    if n <= 0 or n >= n_out:
+        return False
+    with torch.no_grad():
+        rows = torch.cat([head.weight[:n], head.weight[-1:]]).detach().clone()            # [n + 1, H]
+    cut = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+    cut.weight = torch.nn.Parameter(rows, requires_grad=False)
+    lm.set_output_embeddings(cut)
+    return True
+
+
 def mask_other(logits: torch.Tensor) -> torch.Tensor:
     """[..., n_out + 1] draft logits -> [..., n_out]: the 'other' bucket is an input, never a proposal."""
     return logits[..., :-1]

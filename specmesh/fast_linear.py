@@ -18,6 +18,16 @@ The outputs are the same function computed by a different kernel: logits
 agree to float rounding (~1e-5 relative), as they already do between the
 1-token and the (k + 1)-token forward of the stock model.
 
+"bf16" packs the weights in bfloat16 instead and rounds each linear layer's
+input to bfloat16 (accumulation stays in fp32 inside oneDNN). It is for
+drafts: one draft token is a lone row against every weight of the draft, so
+its cost is the memory traffic of those weights (measured in a real propose
+loop, each Linear ran 5x slower than with its weights hot in cache), and
+bfloat16 halves it. Rows stay batch-invariant (oneDNN's bf16 kernels give
+every row the same bits for any M >= 2, measured like the fp32 ones). A draft
+in bf16 proposed the same held-out tokens as in fp32 (docs/benchmarks.md);
+for a target it is a different model, so only on request.
+
 Cost: one packed copy of every Linear weight is kept next to the original
 (the original stays: the M = 1 path reads it, the output head shares it with
 the token embedding). For SmolLM2-135M that is +540 MB and 1.5-2 s at start-up.
@@ -33,7 +43,7 @@ from torch import nn
 
 log = logging.getLogger("specmesh.fast_linear")
 
-__all__ = ["PackedLinear", "available", "pack_linears"]
+__all__ = ["PackedLinear", "available", "pack_linears", "bf16_available"]
 
 
 def available(model: nn.Module) -> bool:
@@ -45,6 +55,14 @@ def available(model: nn.Module) -> bool:
     return (param.device.type == "cpu" and param.dtype == torch.float32
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def bf16_available() -> bool:
+    """oneDNN runs bfloat16 matrix products on this CPU (natively, or AVX2's emulation, which is fast)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def onednn_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -61,6 +79,7 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, invariant: bool = False):
         super().__init__()
+        self.bf16 = False
         # Batch-invariant numerics (specmesh/invariant.py): a lone row goes through oneDNN too, doubled,
         # since oneDNN gives every row the same bits for any M >= 2 and MKL's M = 1 path rounds otherwise.
         self.invariant = invariant
@@ -71,10 +90,21 @@ class PackedLinear(nn.Module):
             # A buffer, not a Parameter: it is derived, and must not show up in state_dict.
             self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
                                  persistent=False)
+        self.packed_bias: torch.Tensor | None = None      # bf16: the bias in the weight's dtype
+
+    def use_bf16(self) -> None:
+        """Pack the weight (and bias) in bfloat16: half the bytes per forward; inputs are rounded to bf16."""
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().to(torch.bfloat16), None)
+            self.packed_bias = None if self.bias is None else self.bias.detach().to(torch.bfloat16)
+        self.bf16 = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # [..., in] -> [..., out]
         if x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
+        if self.bf16:
+            rows = onednn_matmul(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, self.packed_bias)
+            return rows.float().view(*x.shape[:-1], self.out_features)
         if x.numel() == self.in_features and not self.invariant:
             return F.linear(x, self.weight, self.bias)        # one row: MKL's matrix-vector path is fastest
         rows = onednn_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
@@ -82,7 +112,7 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"packed{', batch-invariant' if self.invariant else ''}")
+                f"packed{' bf16' if self.bf16 else ''}{', batch-invariant' if self.invariant else ''}")
 
 
 def pack_linears(model: nn.Module, invariant: bool = False) -> int:
@@ -110,27 +140,44 @@ def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False)
     """Set up a loaded model's linear layers as `kernels` names (one call, at model load).
 
     "packed": PackedLinear where it applies (CPU, fp32; a no-op elsewhere), same outputs.
+    "bf16": the same, with weights packed in bfloat16 (for drafts; a different model for a target).
     "stock": torch's own nn.Linear.
     "int8-dynamic": specmesh.quantize; a different model, so never a silent default for a target.
-    `batch_invariant` (with "packed"): attention too runs on oneDNN products, so a position's
-    logits are the same bits however it is batched or chunked (specmesh/invariant.py).
+    `batch_invariant` (with "packed" or "bf16"): attention too runs on oneDNN products, so a
+    position's logits are the same bits however it is batched or chunked (specmesh/invariant.py).
     """
     from specmesh.config import LINEAR_KERNELS
 
     if kernels not in LINEAR_KERNELS:
         raise ValueError(f"unknown linear kernels {kernels!r}; choose one of {', '.join(LINEAR_KERNELS)}")
-    if kernels == "packed":
+    if kernels in ("packed", "bf16"):
+        packed = False
         if batch_invariant:
             from specmesh.invariant import make_batch_invariant
 
-            if make_batch_invariant(model):
-                log.info("batch-invariant numerics: oneDNN linear layers and attention")
-                return
-            log.info("batch-invariant numerics need an fp32 model on a CPU with oneDNN: off")
-        pack_linears(model)
-    elif kernels == "int8-dynamic":
+            packed = make_batch_invariant(model)
+            log.info("batch-invariant numerics: %s", "oneDNN linear layers and attention" if packed else "off")
+        if not packed:
+            pack_linears(model)
+        if kernels == "bf16":
+            _use_bf16(model)
+        return
+    if kernels == "int8-dynamic":
         from specmesh.quantize import quantize_linears
 
         quantize_linears(model, kernels)
-    if batch_invariant and kernels != "packed":
+    if batch_invariant:
         log.warning("batch_invariant is on, but linear_kernels=%s cannot provide it: off", kernels)
+
+
+def _use_bf16(model: nn.Module) -> None:
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    if not layers:
+        log.info("linear_kernels=bf16 applies to fp32 models on a CPU: a no-op here")
+        return
+    if not bf16_available():
+        log.warning("linear_kernels=bf16: this CPU's oneDNN has no bfloat16 products; the layers stay fp32")
+        return
+    for layer in layers:
+        layer.use_bf16()
+    log.info("%d linear layers in bfloat16 (oneDNN packed)", len(layers))

@@ -307,3 +307,37 @@ def test_eagle_prompt_positions_teach_the_prompt_too(eagle_distilled, tiny_model
     assert any(p.name.endswith("-pp") for p in work.iterdir())          # its own run over the same data
     assert "every position, prompt and answer" in (pp / "README.md").read_text()
     assert not torch.equal(load_file(pp / EAGLE_FILE)["fc.weight"], load_file(out / EAGLE_FILE)["fc.weight"])
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_draft_head_tokens_cuts_the_head_to_the_most_frequent(kind, distilled, eagle_distilled):
+    """DraftConfig.draft_head_tokens = N: a distilled or EAGLE draft's head keeps its first N rows
+    (the N most frequent tokens) and the 'other' row; its logits there are the uncut head's, and
+    every proposal (token and q) stays among those N tokens."""
+    from specmesh.config import DraftConfig
+    from specmesh.sampling import SamplingParams
+    from draft_service.drafters.eagle import EagleDrafter
+    from draft_service.drafters.model import ModelDrafter
+
+    folder = str((distilled if kind == "model" else eagle_distilled)[0])
+    config = dict(draft_model=folder) if kind == "model" else dict(eagle_model=folder)
+    drafter_cls = ModelDrafter if kind == "model" else EagleDrafter
+    whole = drafter_cls.from_config(DraftConfig(**config, draft_head_tokens=0, batch_invariant=False,
+                                                linear_kernels="stock"))
+    cut = drafter_cls.from_config(DraftConfig(**config, draft_head_tokens=6, batch_invariant=False,
+                                              linear_kernels="stock"))
+    lm = (lambda d: d.model) if kind == "model" else (lambda d: d.model.lm)
+    w_whole, w_cut = lm(whole).get_output_embeddings().weight, lm(cut).get_output_embeddings().weight
+    assert w_whole.shape[0] == 24 and w_cut.shape[0] == 7
+    assert torch.equal(w_cut[:6], w_whole[:6]) and torch.equal(w_cut[-1], w_whole[-1])
+    allowed = set(whole.draft_to_target[:6].tolist())
+    hidden = getattr(cut, "feature_dim", None)
+    for seed in range(4):
+        state = cut.new_state(f"s{seed}")
+        prompt = [int(t) for t in whole.draft_to_target[[3, 9, 1, 15, 4]]]
+        if hidden:
+            state.sync(0, prompt, None, torch.randn(len(prompt), hidden))
+        else:
+            state.sync(0, prompt)
+        for p in cut.propose(state, 3, SamplingParams(temperature=1.0), seed, 8):
+            assert p.token_id in allowed and set(p.q_ids.tolist()) <= allowed

@@ -90,3 +90,33 @@ def test_bad_kernel_names_are_refused():
         DraftConfig(linear_kernels="int4")
     with pytest.raises(ValueError, match="unknown linear kernels"):
         apply_kernels(nn.Linear(2, 2), "fast")
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (5, 48), (2, 9, 48)])
+def test_bf16_packed_linear_is_a_rounded_linear(shape):
+    """use_bf16: weights and inputs rounded to bfloat16, accumulated by oneDNN: close to fp32, and
+    exactly F.linear of the rounded operands up to the accumulation order."""
+    from specmesh.fast_linear import bf16_available
+
+    if not bf16_available():
+        pytest.skip("this CPU's oneDNN has no bfloat16 products")
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 40)
+    packed = PackedLinear(linear)
+    packed.use_bf16()
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        got, exact = packed(x), linear(x)
+        rounded = nn.functional.linear(x.bfloat16().float(), linear.weight.bfloat16().float(),
+                                       linear.bias.bfloat16().float())
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    assert torch.allclose(got, rounded, atol=2e-2, rtol=1e-2)
+    assert torch.allclose(got, exact, atol=5e-2, rtol=5e-2)
+    assert "bf16" in packed.extra_repr()
+
+
+def test_draft_tier_settings_refuse_a_negative_head():
+    assert DraftConfig().draft_head_tokens > 0 and DraftConfig().linear_kernels == "bf16"
+    assert DraftConfig(draft_head_tokens=0).draft_head_tokens == 0
+    with pytest.raises(ValueError, match="draft_head_tokens"):
+        DraftConfig(draft_head_tokens=-1)

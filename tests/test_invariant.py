@@ -198,3 +198,26 @@ def test_onednn_caches_are_bounded_unless_the_operator_set_them(monkeypatch):
 
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(invariant.ONEDNN_CACHE_ENTRIES)
     assert os.environ["LRU_CACHE_CAPACITY"] == "32"
+
+
+def test_bf16_draft_kernels_stay_batch_invariant_and_close_to_fp32(monkeypatch):
+    """linear_kernels=bf16 (the draft tier's default): every linear layer reads bf16-packed weights,
+    a position still gets the same bits however it was computed, and the logits stay near fp32's."""
+    from specmesh.fast_linear import bf16_available
+
+    if not bf16_available():
+        pytest.skip("this CPU's oneDNN has no bfloat16 products")   # then apply_kernels leaves fp32
+    fp32 = _llama(kv_heads=2)
+    bf16 = _llama(kv_heads=2)
+    bf16.load_state_dict(fp32.state_dict())
+    apply_kernels(fp32, "packed", batch_invariant=True)
+    apply_kernels(bf16, "bf16", batch_invariant=True)
+    layers = [m for m in bf16.modules() if isinstance(m, PackedLinear)]
+    assert layers and all(m.bf16 and m.packed.dtype == torch.bfloat16 for m in layers)
+    assert bf16.config._attn_implementation == ATTENTION
+    one = _prefill(bf16)
+    assert torch.equal(_prefill(bf16, chunk=64, monkeypatch=monkeypatch), one)
+    assert torch.equal(_steps(bf16), one)
+    reference = _prefill(fp32)
+    assert (one - reference).abs().max() < 0.05 * reference.abs().max()
+    assert torch.equal(one.argmax(-1), reference.argmax(-1))

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from specmesh import engine_host
 from specmesh.config import DraftConfig
-from specmesh.distilled import DistilledDraft, mask_other
+from specmesh.distilled import DistilledDraft, cut_head, mask_other
 from specmesh.drafts import resolve_draft
 from specmesh.eagle import load_eagle
 from specmesh.fast_linear import apply_kernels
@@ -114,7 +114,7 @@ class EagleDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "EagleDrafter | None":
         if not config.eagle_model or config.eagle_model.strip().lower() == "none":
             return None
-        drafter = _load(config.eagle_model, config.device)
+        drafter = _load(config.eagle_model, config.device, config.draft_head_tokens)
         apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
         return drafter
 
@@ -139,5 +139,7 @@ class EagleDrafter(Drafter):
 
 
 @functools.lru_cache(maxsize=2)
-def _load(spec: str, device: str) -> EagleDrafter:
-    return EagleDrafter(load_eagle(resolve_draft(spec), device=device))
+def _load(spec: str, device: str, head_tokens: int = 0) -> EagleDrafter:
+    draft = load_eagle(resolve_draft(spec), device=device)
+    cut_head(draft.model.lm, head_tokens)
+    return EagleDrafter(draft)

@@ -18,7 +18,7 @@ import torch
 
 from specmesh.config import DraftConfig
 from specmesh.fast_linear import apply_kernels
-from specmesh.distilled import DistilledDraft, is_distilled_draft, load_draft, mask_other
+from specmesh.distilled import DistilledDraft, cut_head, is_distilled_draft, load_draft, mask_other
 from specmesh.drafts import resolve_draft
 from specmesh.kv import KVSession
 from specmesh.models import load_model
@@ -43,7 +43,7 @@ class ModelDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "ModelDrafter | None":
         if not config.draft_model or config.draft_model.strip().lower() == "none":
             return None
-        drafter = _load(config.draft_model, config.device)
+        drafter = _load(config.draft_model, config.device, config.draft_head_tokens)
         apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
         return drafter
 
@@ -98,11 +98,13 @@ class DistilledDrafter(ModelDrafter):
 
 
 @functools.lru_cache(maxsize=4)
-def _load(spec: str, device: str) -> ModelDrafter:
-    """One drafter per (model, device), shared by every drafter built on it (model, hybrid)."""
+def _load(spec: str, device: str, head_tokens: int = 0) -> ModelDrafter:
+    """One drafter per (model, device, head), shared by every drafter built on it (model, hybrid)."""
     spec = resolve_draft(spec)
     if is_distilled_draft(spec):
-        return DistilledDrafter(load_draft(spec, device=device))
+        draft = load_draft(spec, device=device)
+        cut_head(draft.model, head_tokens)
+        return DistilledDrafter(draft)
     return ModelDrafter(load_model(spec, device=device))
 
 

@@ -1,0 +1,119 @@
+"""What one draft step costs, and what it accepts, as the draft tier serves it.
+
+    PYTHONPATH=$PWD python tools/draft_cost.py [--draft smollm2-eagle] \
+        [--variants packed:0,bf16:0,packed:2048,bf16:2048] [--heldout WORK_FOLDER]
+
+A variant is LINEAR_KERNELS:DRAFT_HEAD_TOKENS, the draft tier's two settings
+(`--linear-kernels`, `--draft-head-tokens`; batch-invariant numerics stay on,
+as served). Each is loaded through the drafter's own from_config, so this is
+the code the service runs.
+
+Cost: one Propose of k tokens after a ~300-token context, the way a session
+steps: sync two committed tokens (with features, for an EAGLE draft), then
+propose. Variants take turns round by round; the median is printed.
+
+Acceptance (with --heldout, a `specmesh distill` work folder): the greedy
+committed tokens per step at k over its held-out answers, replayed as the
+model card's figure is (distill/evaluate.py), never Spec-Bench.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import statistics
+import time
+
+import torch
+
+from specmesh.config import DraftConfig
+from specmesh.distilled import is_distilled_draft
+from specmesh.drafts import resolve_draft
+from specmesh.eagle import is_eagle_draft
+from specmesh.sampling import SamplingParams
+
+
+def load(draft: str, kernels: str, head: int):
+    from draft_service.drafters import eagle, model
+
+    eagle._load.cache_clear()       # every variant gets its own copy: packing changes a model in place
+    model._load.cache_clear()
+    if is_eagle_draft(resolve_draft(draft)):
+        return eagle.EagleDrafter.from_config(DraftConfig(eagle_model=draft, linear_kernels=kernels,
+                                                          draft_head_tokens=head))
+    return model.ModelDrafter.from_config(DraftConfig(draft_model=draft, linear_kernels=kernels,
+                                                      draft_head_tokens=head))
+
+
+def step(drafter, state, k: int, context: int) -> float:
+    """Sync two new committed tokens (a step's accepted + bonus), propose k; -> seconds of the propose."""
+    start = len(state.tokens) - k if len(state.tokens) > context else context
+    tail = [11, 12]
+    if getattr(drafter, "uses_target_features", False):
+        state.sync(start, tail, None, torch.randn(len(tail), drafter.feature_dim))
+    else:
+        state.sync(start, tail)
+    began = time.perf_counter()
+    drafter.propose(state, k, SamplingParams(), 0, 8)
+    return time.perf_counter() - began
+
+
+def acceptance(drafter, work: str, k: int) -> float:
+    from distill.evaluate import eagle_greedy_steps, greedy_steps
+    from distill.generate import load_examples
+
+    examples = load_examples(sorted(glob.glob(f"{work}/data/heldout/shard-*.pt")))
+    if not examples:
+        raise SystemExit(f"no held-out shards under {work}/data/heldout")
+    model, t2d, d2t = drafter.model, drafter.target_to_draft, drafter.draft_to_target
+    tokens = steps = 0
+    for e in examples:
+        if getattr(drafter, "uses_target_features", False):
+            steps += eagle_greedy_steps(model, t2d, d2t, e, k)
+        else:
+            steps += greedy_steps(model, t2d, d2t, e["prompt_ids"], e["response_ids"], k)
+        tokens += len(e["response_ids"])
+    return tokens / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draft", default="smollm2-eagle", help="a draft folder or a shipped draft's name")
+    parser.add_argument("--variants", default="packed:0,bf16:0,packed:2048,bf16:2048")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--threads", type=int, default=1, help="the draft tier's default")
+    parser.add_argument("--heldout", default=None, help="a distill work folder: also measure acceptance")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not is_distilled_draft(resolve_draft(args.draft)):
+        raise SystemExit(f"{args.draft}: not a distilled or EAGLE draft folder (draft_head_tokens applies to those)")
+
+    variants = {}
+    for v in args.variants.split(","):
+        kernels, _, head = v.partition(":")
+        drafter = load(args.draft, kernels, int(head or 0))
+        state = drafter.new_state(v)
+        context = list(range(1000, 1000 + args.context))
+        if getattr(drafter, "uses_target_features", False):
+            state.sync(0, context, None, torch.randn(len(context), drafter.feature_dim))
+        else:
+            state.sync(0, context)
+        drafter.propose(state, args.k, SamplingParams(), 0, 8)
+        variants[v] = (drafter, state, [])
+        print(f"loaded {v}", flush=True)
+    for _ in range(args.rounds):
+        for v, (drafter, state, times) in variants.items():
+            times.append(step(drafter, state, args.k, args.context))
+    base = statistics.median(next(iter(variants.values()))[2])
+    print(f"\none Propose of k = {args.k} after {args.context} tokens, {args.threads} thread(s), median of {args.rounds}:")
+    for v, (drafter, _, times) in variants.items():
+        m = statistics.median(times)
+        line = f"  {v:<16} {m * 1e3:6.1f} ms  ({m / base:.2f}x)"
+        if args.heldout:
+            line += f"   held-out committed tokens/step (k = {args.k}): {acceptance(drafter, args.heldout, args.k):.3f}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
