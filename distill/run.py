@@ -210,10 +210,17 @@ class _Timings:
                 self.started = time.monotonic()
 
             def __exit__(self, *exc):
-                timings.seconds[name] = timings.seconds.get(name, 0.0) + time.monotonic() - self.started
-                timings.path.write_text(json.dumps(timings.seconds, indent=1))
+                timings.add(name, time.monotonic() - self.started)
 
         return _Phase()
+
+    def add(self, name: str, seconds: float) -> None:
+        # Re-read first: two runs over the same data (an A/B of training settings) share the file,
+        # and writing back what this run read at start would drop the other run's time.
+        on_disk = json.loads(self.path.read_text()) if self.path.exists() else {}
+        on_disk[name] = on_disk.get(name, 0.0) + seconds
+        self.path.write_text(json.dumps(on_disk, indent=1))
+        self.seconds[name] = on_disk[name]
 
     def keep(self, *names: str) -> None:
         """Report only these phases (this run's) from now on."""

@@ -108,6 +108,7 @@ class EagleDrafter(Drafter):
         self.vocab_fingerprint = draft.info.vocab_fingerprint
         self.max_context = draft.info.max_context
         self.feature_dim = draft.model.hidden_size
+        self.target_to_draft = draft.target_to_draft                  # [V_target] int64
         self.draft_to_target = draft.draft_to_target                  # [n_out] int64
 
     @classmethod
