@@ -65,8 +65,8 @@ class DraftConfig(ServiceSettings):
               "for; unset or 'none': not served (`specmesh up` serves the default target's shipped one)")
     draft_head_tokens: int = setting(
         2048, "a distilled or EAGLE draft proposes among its N most frequent tokens only (FR-Spec): a draft token "
-              "reads the whole output head, the bulk of its cost on a CPU, so the shipped drafts' ~6k-row heads "
-              "cost 2-3x a 2k one; held-out acceptance moved by <0.5% (docs/benchmarks.md); 0: the whole head")
+              "reads the whole output head, the bulk of its cost on a CPU, so the shipped drafts' 5-8k-row heads "
+              "cost 1.4-2x a 2k one; held-out acceptance moved by <1% (docs/benchmarks.md); 0: the whole head")
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(
