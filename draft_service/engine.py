@@ -31,7 +31,7 @@ class DraftEngine:
         self.drafters = drafters
         self.max_k = config.max_k
         self.default_top_n = config.default_top_n
-        self.default_drafter = config.default_drafter or default_drafter(config.draft_model, set(drafters))
+        self.default_drafter = config.default_drafter or default_drafter((config.eagle_model, config.draft_model), set(drafters))
         if self.default_drafter not in drafters:
             raise ValueError(f"default drafter {self.default_drafter!r} is not served here; "
                              f"available: {sorted(drafters)}")

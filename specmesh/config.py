@@ -70,8 +70,9 @@ class DraftConfig(ServiceSettings):
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(
-        None, "the drafter for a request that names none; unset: the model when there is one, else ngram; for a "
-              "shipped draft, the measured choice in specmesh.drafts.SHIPPED_DEFAULT_DRAFTER")
+        None, "the drafter for a request that names none; unset: for a shipped draft, the measured choice in "
+              "specmesh.drafts.SHIPPED_DEFAULT_DRAFTER (eagle-hybrid with the default target's EAGLE draft, "
+              "ngram with its plain one), else the model when there is one, else ngram")
     default_top_n: int = setting(
         8, "tokens kept of each proposal q when a caller leaves top_n unset: a truncated q is still exact, "
            "and a step's message stays O(k * top_n), not O(k * vocabulary)")

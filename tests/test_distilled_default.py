@@ -80,6 +80,11 @@ def test_greedy_equality_with_the_shipped_drafts(distilled_cluster, drafter, ks)
 def test_requests_naming_no_drafter_get_the_measured_choice():
     from specmesh.drafts import default_drafter
 
-    assert default_drafter("smollm2-draft", {"ngram", "model", "hybrid"}) == "ngram"
-    assert default_drafter("/my/own/draft", {"ngram", "model", "hybrid"}) == "model"
-    assert default_drafter(None, {"ngram"}) == "ngram"
+    everything = {"ngram", "model", "hybrid", "eagle", "eagle-hybrid"}
+    assert default_drafter(("smollm2-eagle", "smollm2-draft"), everything) == "eagle-hybrid"
+    assert default_drafter(("SMOLLM2-EAGLE", None), {"ngram", "eagle", "eagle-hybrid"}) == "eagle-hybrid"
+    # the shipped plain draft alone: n-gram measured faster than it
+    assert default_drafter((None, "smollm2-draft"), {"ngram", "model", "hybrid"}) == "ngram"
+    assert default_drafter(("none", "smollm2-draft"), {"ngram", "model", "hybrid"}) == "ngram"
+    assert default_drafter((None, "/my/own/draft"), {"ngram", "model", "hybrid"}) == "model"
+    assert default_drafter((None, None), {"ngram"}) == "ngram"

@@ -23,14 +23,12 @@ DEFAULT_DRAFTS = {DEFAULT_MODEL: "smollm2-draft"}
 # The shipped EAGLE draft (the `eagle` drafter, specmesh.eagle) each target gets when none is named.
 DEFAULT_EAGLES = {DEFAULT_MODEL: "smollm2-eagle"}
 # Which drafter answers requests that name none while a shipped draft is served, by measurement
-# (`specmesh bench --configs ngram:4,model:4,hybrid:4`, docs/distill.md): on the 2-core CPU the
-# smollm2 draft commits 1.1-1.3 tokens per step (hybrid 1.25-1.7) at ~30 ms per draft token, so
-# every request type measured ran faster with n-gram; the draft is served for requests that ask
-# for `model` or `hybrid`. The EAGLE draft (`eagle`, `eagle-hybrid`) was measured the same way
-# (docs/distill.md): eagle-hybrid:2 commits 1.51 tokens per step against n-gram's 1.30 but ran
-# 1.22x against n-gram's 1.21x over target-only, a tie, so n-gram stays the default here too.
-SHIPPED_DEFAULT_DRAFTER = {"smollm2-draft": "ngram"}
-
+# (`specmesh bench --per-category 2 --peers hf`, docs/distill.md). With the EAGLE draft served,
+# `eagle-hybrid` (prompt lookup on a 3-token match, EAGLE elsewhere): 1.62x over target-only at k = 4
+# against n-gram's 1.36x, ahead of n-gram in 12 of 13 categories. With only the plain distilled
+# draft, n-gram: the plain draft commits 1.1-1.3 tokens per step at ~30 ms a draft token, and every
+# request type measured ran faster with n-gram.
+SHIPPED_DEFAULT_DRAFTER = {"smollm2-eagle": "eagle-hybrid", "smollm2-draft": "ngram"}
 
 def resolve_draft(spec: str) -> str:
     """A shipped draft's name -> its folder; anything else unchanged."""
@@ -70,10 +68,12 @@ def draft_for(target: str | None, named: str | None) -> str | None:
     return default_draft(target or os.environ.get("SPECMESH_MODEL"))
 
 
-def default_drafter(draft_model: str | None, served: set[str]) -> str:
-    """The drafter for requests that name none: the measured choice for a shipped draft, else the
-    model when one is served, else n-gram."""
-    shipped = SHIPPED_DEFAULT_DRAFTER.get((draft_model or "").strip().lower())
-    if shipped in served:
-        return shipped
+def default_drafter(drafts: tuple[str | None, ...], served: set[str]) -> str:
+    """The drafter for requests that name none: the measured choice of the first shipped draft in
+    `drafts` (the tier's EAGLE and plain draft models, in that order) whose choice is served, else
+    the model when one is served, else n-gram."""
+    for draft in drafts:
+        shipped = SHIPPED_DEFAULT_DRAFTER.get((draft or "").strip().lower())
+        if shipped in served:
+            return shipped
     return "model" if "model" in served else "ngram"
