@@ -43,7 +43,7 @@ def timed(fn, rounds: int) -> float:
     return statistics.median(samples)
 
 
-def cached_step(model, context: int, fed: int, device, extra=None):
+def cached_step(model, context: int, fed: int, device):
     """-> a function that feeds `fed` tokens after a cached `context`-token prompt (the cache cropped back each time)."""
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, context), device=device)
@@ -77,7 +77,8 @@ def main() -> None:
 
     target = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).to(device, dtype).eval()
     # sizes take turns, a round at a time, so clock ramps and other tenants slow every size alike
-    steps = {fed: cached_step(target, args.context, fed, device) for fed in (1, 2, 3, 5, 9)}
+    sizes = sorted({1, 2, 3, 5, 9, args.k + 1})      # r is read at k + 1, whatever --k is
+    steps = {fed: cached_step(target, args.context, fed, device) for fed in sizes}
     samples = {fed: [] for fed in steps}
     for _ in range(args.rounds // 10):
         for fed, step in steps.items():
@@ -117,6 +118,7 @@ def main() -> None:
         cells = ", ".join(f"tau {tau}: {tau * (1 + oo) / (r + args.k * c + oo + ood):.2f}x"
                           for tau in (1.41, 1.72, 2.0, 2.5, 3.0))
         print(f"  {label}: {cells}")
+
 
 if __name__ == "__main__":
     main()

@@ -30,6 +30,7 @@ DEFAULT_EAGLES = {DEFAULT_MODEL: "smollm2-eagle"}
 # request type measured ran faster with n-gram.
 SHIPPED_DEFAULT_DRAFTER = {"smollm2-eagle": "eagle-hybrid", "smollm2-draft": "ngram"}
 
+
 def resolve_draft(spec: str) -> str:
     """A shipped draft's name -> its folder; anything else unchanged."""
     folder = SHIPPED.get(spec.strip().lower())
