@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from specmesh.distilled import DistilledDraft
 from specmesh.eagle import EagleDraft
+from specmesh.kv import cache_kwargs
 
 
 @torch.inference_mode()
@@ -35,7 +36,7 @@ def greedy_steps(model, target_to_draft: torch.Tensor, draft_to_target: torch.Te
     while position < len(answer):
         feed = committed[fed:]
         ids = target_to_draft[torch.tensor([feed], device=device)]                     # [1, T]
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1, :-1]
+        logits = model(input_ids=ids, logits_to_keep=1, **cache_kwargs(model, cache)).logits[0, -1, :-1]
         fed = len(committed)
         drafted = []
         for i in range(k):
@@ -43,7 +44,7 @@ def greedy_steps(model, target_to_draft: torch.Tensor, draft_to_target: torch.Te
             drafted.append(token)
             if i + 1 < k:
                 ids = target_to_draft[torch.tensor([[token]], device=device)]
-                logits = model(input_ids=ids, cache=cache, use_cache=True).logits[0, -1, :-1]
+                logits = model(input_ids=ids, **cache_kwargs(model, cache)).logits[0, -1, :-1]
         accepted = 0
         while accepted < k and position + accepted < len(answer) and drafted[accepted] == answer[position + accepted]:
             accepted += 1

@@ -144,14 +144,14 @@ def train(model, examples: Sequence, *, steps: int, batch_tokens: int, lr: float
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    first = 0
+    first, stats = 0, {}
     if checkpoint.exists():
         state = torch.load(checkpoint, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         first = state["step"]
+        stats = state.get("stats", {})   # a run resumed after its last step still reports that step
     warmup = max(1, min(50, steps // 10))
-    stats: dict = {}
     for step in range(first, steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
@@ -164,7 +164,8 @@ def train(model, examples: Sequence, *, steps: int, batch_tokens: int, lr: float
         progress(step + 1, stats)
         if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
             tmp = checkpoint.with_suffix(".tmp")
-            torch.save(dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=step + 1), tmp)
+            torch.save(dict(model=model.state_dict(), optimizer=optimizer.state_dict(), step=step + 1,
+                            stats=stats), tmp)
             tmp.replace(checkpoint)   # a checkpoint is there whole or not at all
     model.eval()
     model.requires_grad_(False)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from specmesh.distilled import DistilledDraft, load_draft, quantize_rows
+from specmesh.kv import cache_kwargs
 from specmesh.models import ModelInfo, ModelLoadError
 
 EAGLE_FILE = "eagle.safetensors"
@@ -66,7 +67,7 @@ class EagleDraft(torch.nn.Module):
         """
         embeds = self.lm.get_input_embeddings()(input_ids)                               # [B, T, H]
         mixed = self.fc(torch.cat([embeds, prev_features.to(embeds.dtype)], dim=-1))      # [B, T, H]
-        kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
+        kwargs = {} if cache is None else cache_kwargs(self.lm.model, cache)
         hidden = self.lm.model(inputs_embeds=mixed, attention_mask=attention_mask, position_ids=position_ids,
                                **kwargs).last_hidden_state                                # [B, T, H]
         rows = hidden if logits_rows is None else hidden[:, -logits_rows:]

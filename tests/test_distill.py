@@ -341,3 +341,59 @@ def test_draft_head_tokens_cuts_the_head_to_the_most_frequent(kind, distilled, e
             state.sync(0, prompt)
         for p in cut.propose(state, 3, SamplingParams(temperature=1.0), seed, 8):
             assert p.token_id in allowed and set(p.q_ids.tolist()) <= allowed
+
+
+# --------------------------------------------------------------------------- the target's generations
+
+
+def test_generations_equal_greedy_decoding_without_a_cache(tiny_models):
+    """The data phase's cached, batched, left-padded decoding gives what recomputing the whole sequence
+    at every step gives: a cache passed under a name this transformers ignores would fail here (the
+    model would see one token a step), as would padding that leaks into attention."""
+    from distill.generate import GenerationPlan, generate_batch
+
+    target = load_model(str(tiny_models["target"]))
+    prompts = [[5, 9, 13, 17, 21, 25, 29], [7, 8], [30, 31, 32, 33]]
+    batch = [dict(prompt_ids=p, temperature=0.0, index=i, category="qa") for i, p in enumerate(prompts)]
+    eos = [1_000_000]       # none: every row runs the full length
+    rows = generate_batch(target.model, batch, GenerationPlan(max_new_tokens=6), eos, 0, torch.Generator())
+    for prompt, row in zip(prompts, rows):
+        ids = list(prompt)
+        with torch.inference_mode():
+            for _ in range(6):
+                ids.append(int(target.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+        assert row["response_ids"] == ids[len(prompt):]
+        assert row["features"].shape[0] == len(prompt) + 6 - 1
+
+
+def test_the_cache_goes_under_the_name_the_forward_takes():
+    """transformers 5.x renamed forward's `past_key_values` to `cache`; either is found by signature."""
+    from specmesh.kv import cache_kwargs
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+            return past_key_values
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs):
+            return cache
+
+    marker = object()
+    assert cache_kwargs(Old(), marker) == {"past_key_values": marker, "use_cache": True}
+    assert cache_kwargs(New(), marker) == {"cache": marker, "use_cache": True}
+    assert Old()(**cache_kwargs(Old(), marker)) is marker and New()(**cache_kwargs(New(), marker)) is marker
+
+
+def test_python_dash_m_distill_is_the_same_command(tiny_models, tmp_path):
+    """`python -m distill` (for a training box without the serving stack) takes the same arguments and
+    refuses bad ones the same way: one clear line, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "draft"
+    done = subprocess.run([sys.executable, "-m", "distill", "--target", str(tiny_models["target"]), "--out", str(out),
+                           "--work-dir", str(tmp_path / "work"), "--steps", "0"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2, done.stderr
+    assert "--steps must be at least 1, got 0" in done.stderr
+    assert not out.exists()
