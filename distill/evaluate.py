@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from specmesh.distilled import DistilledDraft
 from specmesh.eagle import EagleDraft
-from specmesh.kv import cache_kwargs
+from specmesh.models import cache_kwargs
 
 
 @torch.inference_mode()

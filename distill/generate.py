@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from distill.prompts import Prompt
-from specmesh.kv import cache_kwargs
+from specmesh.models import cache_kwargs
 
 
 @dataclass(frozen=True)

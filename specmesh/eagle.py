@@ -28,8 +28,7 @@ from pathlib import Path
 import torch
 
 from specmesh.distilled import DistilledDraft, load_draft, quantize_rows
-from specmesh.kv import cache_kwargs
-from specmesh.models import ModelInfo, ModelLoadError
+from specmesh.models import ModelInfo, ModelLoadError, cache_kwargs
 
 EAGLE_FILE = "eagle.safetensors"
 

@@ -6,8 +6,6 @@ Used by the verifier for the target and by the draft service for a draft model.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Sequence
 
 import torch
@@ -15,23 +13,11 @@ from transformers import DynamicCache
 
 from specmesh import engine_host, fingerprint
 from specmesh.errors import CacheMiss, InvalidArgument
+from specmesh.models import cache_kwargs
 
 # Tokens per forward pass when feeding a long sequence (see KVSession.forward).
 PREFILL_CHUNK = 512
 
-
-@functools.lru_cache(maxsize=None)
-def _cache_arg(model_class: type) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
-
-
-def cache_kwargs(model, cache) -> dict:
-    """Keyword arguments that hand `cache` to `model`'s forward, whatever this transformers calls it.
-
-    transformers 5.x renamed the forward argument `past_key_values` to `cache`. The wrong name is not
-    an error: forward's **kwargs swallows it and the model runs without the cache, attending to the
-    tokens of this call alone (generations run on, drafts look plausible and accept nothing)."""
-    return {_cache_arg(type(model)): cache, "use_cache": True}
 
 
 class TokenHistory:
@@ -78,7 +64,6 @@ class KVSession(TokenHistory):
         super().__init__(session_id)
         self.model = model
         self.cache = DynamicCache(config=model.config)
-        self.cache_arg = _cache_arg(type(model))     # see cache_kwargs
         # After a forward with features=True: (position of the first fed token, [fed, H] the model's last
         # hidden state after its final norm at every fed position), for a draft that reads them (EAGLE).
         self.fed_features: tuple[int, torch.Tensor] | None = None
@@ -144,8 +129,8 @@ class KVSession(TokenHistory):
 
     def _run(self, feed: Sequence[int], rows: int, features: list | None = None) -> torch.Tensor:
         input_ids = self.model_input(feed)                                             # [1, T]
-        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=rows,
-                         output_hidden_states=features is not None, **{self.cache_arg: self.cache})
+        out = self.model(input_ids=input_ids, logits_to_keep=rows, output_hidden_states=features is not None,
+                         **cache_kwargs(self.model, self.cache))
         if features is not None:
             features.append(out.hidden_states[-1][0])                                  # [T, H]
         return out.logits[0]                                                           # [rows, V]

@@ -46,8 +46,10 @@ decides whether that reaches stderr (``logging.basicConfig(level=logging.INFO)``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -74,6 +76,7 @@ __all__ = [
     "ModelLoadError",
     "VocabularyMismatch",
     "cache_dir",
+    "cache_kwargs",
     "check_same_vocab",
     "load_model",
     "load_tokenizer",
@@ -224,6 +227,20 @@ def check_same_vocab(draft: ModelInfo, target: ModelInfo) -> None:
 def cache_dir() -> Path:
     """Root of specmesh's on-disk cache ($SPECMESH_CACHE_DIR, default ~/.cache/specmesh)."""
     return Path(os.environ.get("SPECMESH_CACHE_DIR") or Path.home() / ".cache" / "specmesh").expanduser()
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_arg(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def cache_kwargs(model, cache) -> dict:
+    """Keyword arguments that hand `cache` to `model`'s forward, whatever this transformers calls it.
+
+    transformers 5.x renamed the forward argument `past_key_values` to `cache`. The wrong name is not
+    an error: forward's **kwargs swallows it and the model runs without the cache, attending to the
+    tokens of this call alone (generations run on, drafts look plausible and accept nothing)."""
+    return {_cache_arg(type(model)): cache, "use_cache": True}
 
 
 # --------------------------------------------------------------------------- resolving specs

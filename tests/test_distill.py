@@ -368,7 +368,7 @@ def test_generations_equal_greedy_decoding_without_a_cache(tiny_models):
 
 def test_the_cache_goes_under_the_name_the_forward_takes():
     """transformers 5.x renamed forward's `past_key_values` to `cache`; either is found by signature."""
-    from specmesh.kv import cache_kwargs
+    from specmesh.models import cache_kwargs
 
     class Old(torch.nn.Module):
         def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
@@ -397,3 +397,21 @@ def test_python_dash_m_distill_is_the_same_command(tiny_models, tmp_path):
     assert done.returncode == 2, done.stderr
     assert "--steps must be at least 1, got 0" in done.stderr
     assert not out.exists()
+
+
+def test_distill_imports_none_of_the_serving_stack():
+    """What `python -m distill` promises a training box: every module a run imports loads without
+    gRPC, Redis or OpenTelemetry (a shared helper once pulled them in through specmesh.kv)."""
+    import subprocess
+    import sys
+
+    modules = ["distill.__main__", "distill.run", "distill.phases", "distill.generate", "distill.train",
+               "distill.eagle_train", "distill.evaluate", "distill.draft_model", "distill.card", "distill.vocab",
+               "specmesh.eagle", "specmesh.distilled", "specmesh.models"]
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}: importlib.import_module(name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'redis', 'opentelemetry'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

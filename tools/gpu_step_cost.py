@@ -1,8 +1,8 @@
 """The cost model's terms on a GPU: t1, r (a (k+1)-token verify over a 1-token step) and c (a draft token).
 
-    python tools/gpu_step_cost.py [--dtype bfloat16] [--context 400] [--rounds 50]
+    python -m tools.gpu_step_cost [--dtype bfloat16] [--context 400] [--rounds 50]   # from the repo root
 
-Needs only torch and transformers (a GPU machine's stock image), so it builds
+Needs only torch, transformers and specmesh.models (a GPU machine's stock image), so it builds
 the shapes rather than loading them: the target is a randomly initialised
 model of SmolLM2-135M's configuration (timing does not depend on the weights'
 values), and the draft is what an EAGLE draft of the shipped kind computes per
@@ -19,6 +19,8 @@ import time
 
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from specmesh.models import cache_kwargs
 
 SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
@@ -49,12 +51,12 @@ def cached_step(model, context: int, fed: int, device):
     prompt = torch.randint(0, vocab, (1, context), device=device)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, **cache_kwargs(model, cache))
     ids = torch.randint(0, vocab, (1, fed), device=device)
 
     def step():
         with torch.no_grad():
-            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, **cache_kwargs(model, cache))
         cache.crop(-fed)      # drop what was fed (a negative count: both old and new transformers)
     return step
 
@@ -96,14 +98,14 @@ def main() -> None:
     cache = DynamicCache(config=draft_cfg)
     feature = torch.randn(1, 1, draft_cfg.hidden_size, device=device, dtype=dtype)
     with torch.no_grad():
-        draft(input_ids=prompt, past_key_values=cache, use_cache=True)
+        draft(input_ids=prompt, **cache_kwargs(draft, cache))
 
     def draft_token():
         # what an EAGLE draft does per proposed token: embed, mix with the feature, one layer, the head
         with torch.no_grad():
             tok = draft.model.embed_tokens(torch.tensor([[5]], device=device))
             mixed = fc(torch.cat([tok, feature], dim=-1))
-            hidden = draft.model(inputs_embeds=mixed, past_key_values=cache, use_cache=True).last_hidden_state
+            hidden = draft.model(inputs_embeds=mixed, **cache_kwargs(draft.model, cache)).last_hidden_state
             draft.lm_head(hidden)
         cache.crop(-1)
     c_secs = timed(draft_token, args.rounds)

@@ -24,6 +24,7 @@ from specmesh import telemetry
 from specmesh.engine_host import Caller, EngineHost, caller
 from specmesh.errors import ResourceExhausted
 from specmesh.kv import KVSession
+from specmesh.models import cache_kwargs
 
 
 @torch.inference_mode()
@@ -71,8 +72,8 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
             keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
             values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
         batch_cache.update(torch.cat(keys), torch.cat(values), layer)                  # [n, H, L, D]
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                output_hidden_states=any(features), **{sessions[0].cache_arg: batch_cache})
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                output_hidden_states=any(features), **cache_kwargs(model, batch_cache))
     logits = out.logits.float()                                                        # [n, T, V]
     hidden = out.hidden_states[-1] if any(features) else None                          # [n, T, H]
     rows = []
