@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from specmesh.distilled import DistilledDraft
-from specmesh.eagle import EagleDraft
+from specmesh.eagle import EagleDraft, grow_tree
 from specmesh.models import cache_kwargs
 
 
@@ -109,6 +109,40 @@ def eagle_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_t
         excess = cache.get_seq_length() - fed
         if excess > 0:
             cache.crop(-excess)
+    return steps
+
+
+@torch.inference_mode()
+def eagle_tree_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor,
+                            example: dict, size: int, depth: int, branch: int) -> int:
+    """eagle_greedy_steps with a draft tree (specmesh.eagle.grow_tree): each step walks down the tree
+    while a child is the target's next token."""
+    device = target_to_draft.device
+    prompt, answer = list(example["prompt_ids"]), list(example["response_ids"])
+    features = example["features"].float().to(device)                                # [L - 1, H]
+    zero = torch.zeros(1, features.shape[1], device=device)
+    cache = DynamicCache(config=model.config)
+    committed = list(prompt)
+    fed, position, steps = 0, 0, 0
+    rank = lambda logits: torch.log_softmax(logits[..., :-1].float(), dim=-1)      # noqa: E731
+    while position < len(answer):
+        n = len(committed)
+        ids = target_to_draft[torch.tensor([committed[fed:n]], device=device)]            # [1, T]
+        prev = torch.cat([zero, features])[fed:n][None]                                  # [1, T, H]
+        logits, hidden = model(ids, prev, cache=cache, logits_rows=1)
+        fed = n
+        drafted, parents = grow_tree(model, cache, n, logits[0, -1], hidden[0, -1], size, depth, branch, rank)
+        drafted = draft_to_target[torch.tensor(drafted, dtype=torch.long, device=device)].tolist() if drafted else []
+        node, accepted = -1, 0
+        while position + accepted < len(answer):
+            match = [i for i, p in enumerate(parents) if p == node and drafted[i] == answer[position + accepted]]
+            if not match:
+                break
+            node, accepted = match[0], accepted + 1
+        take = min(accepted + 1, len(answer) - position)
+        committed.extend(answer[position:position + take])
+        position += take
+        steps += 1
     return steps
 
 

@@ -20,7 +20,8 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
             engine.propose, request.session_id, request.sync.start, list(request.sync.token_ids), request.k,
             request.drafter, wire.sampling_from_pb(request.sampling), request.seed, request.top_n,
             request.sync.prefix_fingerprint, request.features)
-        return draft_pb2.ProposeResponse(proposals=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len)
+        return draft_pb2.ProposeResponse(proposals=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len,
+                                         parents=wire.parents(proposals))
 
     async def Release(self, request, context):
         check_session_id(request.session_id)

@@ -24,7 +24,7 @@ from specmesh import auth, telemetry, wire
 from specmesh.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
 from specmesh.fingerprint import PrefixFingerprints
 from specmesh.sampling import SamplingParams
-from specmesh.speculative import Scores, accept
+from specmesh.speculative import Scores, TreeScores, accept, accept_tree
 from specmesh.v1 import cache_pb2, draft_pb2, sampling_pb2, verifier_pb2
 
 log = logging.getLogger("specmesh.orchestrator")
@@ -270,21 +270,33 @@ class Decoder:
         k = min(req.k, req.max_new_tokens - generated - 1)
         if s.feature_dim and s.prefill is not None and k > 0:   # the first Propose needs the prompt's features
             s.verifier, s.prefill = await s.prefill, None
-        proposals, draft_len = await self._propose(s, k) if k > 0 else ([], 0)
+        proposals, draft_len, parents = await self._propose(s, k) if k > 0 else ([], 0, [])
         if s.prefill is not None:
             s.verifier, s.prefill = await s.prefill, None
-        scores, verifier_len, fed = await self._verify(s, proposals)
+        scores, verifier_len, fed = await self._verify(s, proposals, parents)
+        tokens = [p.token_id for p in proposals]
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_ACCEPT):
-            result = accept([p.token_id for p in proposals], wire.draft_probs(proposals), scores, req.seed, start)
-        # The replicas also hold the draft tokens; only the accepted prefix of them stays valid.
-        s.verifier.cached_len = min(verifier_len, start + result.accepted)
+            result = accept_tree(tokens, parents, scores, req.seed, start) if parents \
+                else accept(tokens, wire.draft_probs(proposals), scores, req.seed, start)
+        # The replicas also hold the draft tokens; only the accepted prefix of them stays valid. Of a tree,
+        # the verifier holds the first chain (nodes 0, 1, ...) and keeps the rest of the accepted path itself
+        # when the next sync continues it (specmesh.kv.KVSession._place_tree).
+        path = result.path if parents else range(result.accepted)
+        on_chain = next((j for j, node in enumerate(path) if node != j), len(path))
+        s.verifier.cached_len = min(verifier_len, start + on_chain)
         if proposals:
             # A feature drafter computed its accepted draft positions from its own stand-in features:
             # they are synced again (with the target's real ones), so its handle stays at the start.
-            s.draft.cached_len = start if s.feature_dim else min(draft_len, start + result.accepted)
+            s.draft.cached_len = start if s.feature_dim or parents else min(draft_len, start + result.accepted)
         committed, finish = self._cut(result.tokens, generated, req.max_new_tokens)
         if s.feature_dim:   # the fed committed tokens and the accepted drafts; never a rejected one
-            self._learn_features(s, *fed, upto=start + len(committed) - 1)
+            first, rows = fed
+            if parents:     # rows: the fed committed tokens, then every node; keep the accepted path's
+                size = 2 * s.feature_dim
+                committed_rows = len(rows) // size - len(proposals)
+                rows = rows[:committed_rows * size] + b"".join(
+                    rows[(committed_rows + j) * size:(committed_rows + j + 1) * size] for j in result.path)
+            self._learn_features(s, first, rows, upto=start + len(committed) - 1)
         s.steps += 1
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
             try:
@@ -343,8 +355,9 @@ class Decoder:
         zeros = bytes(size) if start == 0 else b""
         return zeros + bytes(s.features[max(0, start - 1) * size:(len(s.committed) - 1) * size])
 
-    async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int]:
-        """The draft's proposals, as messages (they go to the verifier as they are), and its cached length."""
+    async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int, list[int]]:
+        """The draft's proposals, as messages (they go to the verifier as they are), its cached length, and
+        the parents of a draft tree (empty for a chain)."""
         async def rpc(replica, start):
             s.touched.add(("draft", replica.address))
             return await replica.stub.Propose(draft_pb2.ProposeRequest(
@@ -355,22 +368,23 @@ class Decoder:
 
         replica, reply = await self.drafts.call(s.draft, s.committed, rpc)
         s.draft = Handle(replica.address, s.req.session_id, s.draft.cached_len)
-        return reply.proposals, reply.cached_len
+        return reply.proposals, reply.cached_len, list(reply.parents)
 
-    async def _verify(self, s: _Stream, proposals: Sequence[draft_pb2.DraftProposal]
-                      ) -> tuple[Scores, int, tuple[int, bytes]]:
+    async def _verify(self, s: _Stream, proposals: Sequence[draft_pb2.DraftProposal], parents: list[int]
+                      ) -> tuple[Scores | TreeScores, int, tuple[int, bytes]]:
         """The scores, the verifier's cached length, and (features_start, features) when the drafter reads them."""
         async def rpc(replica, start):
             s.touched.add(("verifier", replica.address))
             return await replica.stub.Verify(verifier_pb2.VerifyRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), proposals=proposals,
-                sampling=s.sampling, seed=s.req.seed, return_features=bool(s.feature_dim)),
+                sampling=s.sampling, seed=s.req.seed, return_features=bool(s.feature_dim), parents=parents),
                 timeout=self._deadline(len(s.committed) - start))
 
         replica, reply = await self.verifiers.call(s.verifier, s.committed, rpc)
         s.verifier = Handle(replica.address, s.req.session_id, s.verifier.cached_len)
-        return (Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token), reply.cached_len,
-                (reply.features_start, reply.features))
+        scores = TreeScores(list(reply.target_probs), list(reply.end_tokens)) if parents \
+            else Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token)
+        return scores, reply.cached_len, (reply.features_start, reply.features)
 
     def _deadline(self, tokens_sent: int) -> float:
         return self.rpc_timeout_s + self.rpc_timeout_s_per_1k_tokens * tokens_sent / 1000

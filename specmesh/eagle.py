@@ -131,3 +131,98 @@ def features_from_bytes(data: bytes, hidden: int) -> torch.Tensor:
         raise ValueError(f"{len(data)} bytes is not a whole number of float16 rows of {hidden}")
     flat = torch.frombuffer(bytearray(data), dtype=torch.float16) if data else torch.zeros(0, dtype=torch.float16)
     return flat.view(-1, hidden).float()
+
+
+@torch.inference_mode()
+def grow_tree(model: EagleDraft, cache, position: int, logits: torch.Tensor, hidden: torch.Tensor, size: int,
+              depth: int, branch: int, rank) -> tuple[list[int], list[int]]:
+    """Grow a draft tree of at most `size` nodes after the last committed token (EAGLE-2's dynamic tree).
+
+    `cache` holds the draft's entries for every committed token; `logits` [n_out + 1] and `hidden` [H]
+    are the draft's output at the last one, which the root's children sit after, at `position`.
+    `rank(logits [N, n_out + 1]) -> [N, n_out]` log-scores of the next token (the caller's sampling
+    processing; -inf: never proposed).
+
+    Each of `depth` rounds expands the `branch` best nodes of the newest layer in one draft forward
+    (each reads its parent's stand-in feature and attends to its own ancestors), giving each `branch`
+    children. A node's score is the sum of its path's log-scores, the draft's estimate of the chance
+    that the target accepts the whole path. The tree keeps the `size` best nodes (an ancestor always
+    scores at least as high as its descendants, so the tree stays connected), in depth-first order,
+    siblings best first: node 0, 1, ... is the draft's greedy chain as far as it was kept.
+
+    Returns (draft ids, parents); the cache comes back holding the committed tokens only.
+    """
+    cached = cache.get_seq_length()
+    device = model.device
+    tokens: list[int] = []          # candidates: draft id, parent candidate (-1: root), score, depth
+    parent_of: list[int] = []
+    score: list[float] = []
+    depth_of: list[int] = []
+    fed: list[int] = []             # candidates fed to the draft, in cache order after `cached`
+    stand_in: dict[int, torch.Tensor] = {-1: hidden}
+
+    def add_children(parent: int, row: torch.Tensor) -> list[int]:
+        base = score[parent] if parent >= 0 else 0.0
+        values, ids = row.topk(min(branch, row.shape[-1]))
+        new = []
+        for value, index in zip(values.tolist(), ids.tolist()):
+            if value == float("-inf"):
+                break
+            tokens.append(index)
+            parent_of.append(parent)
+            score.append(base + value)
+            depth_of.append(depth_of[parent] + 1 if parent >= 0 else 0)
+            new.append(len(tokens) - 1)
+        return new
+
+    layer = add_children(-1, rank(logits[None])[0])
+    try:
+        for d in range(1, depth):
+            expand = sorted(layer, key=lambda c: -score[c])[:branch]
+            if not expand:
+                break
+            ids = torch.tensor([[tokens[c] for c in expand]], dtype=torch.long, device=device)      # [1, P]
+            prev = torch.stack([stand_in[parent_of[c]] for c in expand])[None].float()               # [1, P, H]
+            mask = torch.zeros(len(expand), cached + len(fed) + len(expand), dtype=torch.bool, device=device)
+            mask[:, :cached] = True
+            for row, c in enumerate(expand):
+                ancestor = c
+                while ancestor >= 0:
+                    column = cached + (fed.index(ancestor) if ancestor != c else len(fed) + row)
+                    mask[row, column] = True
+                    ancestor = parent_of[ancestor]
+            positions = torch.full((1, len(expand)), position + d - 1, dtype=torch.long, device=device)
+            out_logits, out_hidden = model(ids, prev, cache=cache, attention_mask=_as_model_mask(model, mask),
+                                           position_ids=positions)
+            fed.extend(expand)
+            ranked = rank(out_logits[0])                                                             # [P, n_out]
+            layer = []
+            for row, c in enumerate(expand):
+                stand_in[c] = out_hidden[0, row]
+                layer += add_children(c, ranked[row])
+    finally:
+        held = cache.get_seq_length()
+        if held > cached:
+            cache.crop(cached - held)
+    keep = sorted(range(len(tokens)), key=lambda c: (-score[c], depth_of[c]))[:size]
+    kept = set(keep)
+    keep = [c for c in keep if parent_of[c] < 0 or parent_of[c] in kept]   # connected, even on float ties
+    kids: dict[int, list[int]] = {}
+    for c in sorted(keep, key=lambda c: -score[c]):
+        kids.setdefault(parent_of[c], []).append(c)
+    order: list[int] = []
+    stack = list(reversed(kids.get(-1, [])))
+    while stack:   # depth first, best sibling first
+        c = stack.pop()
+        order.append(c)
+        stack.extend(reversed(kids.get(c, [])))
+    index = {c: i for i, c in enumerate(order)}
+    return [tokens[c] for c in order], [index[parent_of[c]] if parent_of[c] >= 0 else -1 for c in order]
+
+
+def _as_model_mask(model: EagleDraft, allowed: torch.Tensor) -> torch.Tensor:
+    """[T, L] bool -> the 4D mask transformers hands to the draft's attention unchanged."""
+    mask = allowed[None, None]
+    if model.config._attn_implementation == "eager":   # eager adds its mask; the others take booleans
+        return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    return mask

@@ -2,6 +2,9 @@
 
 Rollback is a length: rejected draft tokens are dropped by cropping the cache
 to the committed prefix the orchestrator names (`start`), never by recomputing.
+A draft tree (specmesh.tree) is the one exception: after its pass the cache
+holds every node, and the next sync moves the accepted path's entries into
+place before cropping, so the accepted tokens are never fed twice.
 Used by the verifier for the target and by the draft service for a draft model.
 """
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from specmesh import engine_host, fingerprint
+from specmesh import engine_host, fingerprint, tree
 from specmesh.errors import CacheMiss, InvalidArgument
 from specmesh.models import cache_kwargs
 
@@ -67,15 +70,56 @@ class KVSession(TokenHistory):
         # After a forward with features=True: (position of the first fed token, [fed, H] the model's last
         # hidden state after its final norm at every fed position), for a draft that reads them (EAGLE).
         self.fed_features: tuple[int, torch.Tensor] | None = None
+        # After a tree's pass: (position of its first node, node tokens, parents). The cache holds every
+        # node; `tokens` only the first chain's, until the next sync keeps the accepted path.
+        self.pending_tree: tuple[int, list[int], list[int]] | None = None
 
     @property
     def cached_len(self) -> int:
         return self.cache.get_seq_length()
 
     def sync(self, start: int, tail: Sequence[int], prefix_fingerprint: int | None = None) -> None:
+        placed = self._place_tree(start, tail) if self.pending_tree else 0
         super().sync(start, tail, prefix_fingerprint)
-        if self.cached_len > start:   # entries past the committed prefix may be rejected drafts
-            self.cache.crop(start - self.cached_len)
+        keep = start + placed        # entries past the committed prefix may be rejected drafts
+        if self.cached_len > keep:
+            self.cache.crop(keep - self.cached_len)
+
+    @torch.inference_mode()   # the cache's tensors were made in inference mode; moving them is too
+    def _place_tree(self, start: int, tail: Sequence[int]) -> int:
+        """Keep the cache entries of the tree's accepted path: those of the first chain up to `start`, then
+        the nodes that the first committed tokens of `tail` follow down the tree, moved to the positions
+        after them. Returns how many of `tail` are cached that way (0 when the sync does not continue
+        the tree: everything past the first chain is dropped)."""
+        base, nodes, parents = self.pending_tree
+        self.pending_tree = None
+        chain = tree.first_chain(parents)
+        if not base <= start <= base + chain:
+            self.cache.crop(base + chain - self.cached_len)
+            return 0
+        path = list(range(start - base))
+        kids = tree.children(parents)
+        for token in tail:
+            child = next((c for c in kids[(path[-1] if path else -1) + 1] if nodes[c] == token), None)
+            if child is None:
+                break
+            path.append(child)
+        if path != list(range(len(path))):   # an off-chain node: its entries move to where the path puts it
+            source = torch.tensor(path, device=self.cache.layers[0].keys.device) + base
+            for layer in self.cache.layers:
+                layer.keys[:, :, base:base + len(path)] = layer.keys[:, :, source]
+                layer.values[:, :, base:base + len(path)] = layer.values[:, :, source]
+        self.cache.crop(base + len(path) - self.cached_len)
+        return len(path) - (start - base)
+
+    def took(self, extra: Sequence[int], parents: Sequence[int] | None = None) -> None:
+        """After a pass that fed `extra`: a chain's tokens join the sequence; of a tree, only the first
+        chain's do, and the other nodes wait in the cache for the next sync (`_place_tree`)."""
+        if parents is None or tree.is_chain(parents):
+            self.tokens.extend(extra)
+            return
+        self.pending_tree = (len(self.tokens), list(extra), list(parents))
+        self.tokens.extend(extra[:tree.first_chain(parents)])
 
     def feed(self, extra: Sequence[int]) -> tuple[int, list[int]]:
         """What the next forward pass feeds: (cached length kept, tokens to feed).
@@ -103,13 +147,16 @@ class KVSession(TokenHistory):
         return torch.tensor([feed], dtype=torch.long, device=self.model.device)
 
     @torch.inference_mode()
-    def forward(self, extra: Sequence[int] = (), last_only: bool = False, features: bool = False) -> torch.Tensor:
+    def forward(self, extra: Sequence[int] = (), last_only: bool = False, features: bool = False,
+                parents: Sequence[int] | None = None) -> torch.Tensor:
         """Feed every token not yet cached plus `extra`; return the logits that
         predict the positions len(tokens) .. len(tokens) + len(extra).
 
         Returns [len(extra) + 1, V], or [1, V] (the last position) with `last_only`,
         which skips the output projection for the other positions. With `features`,
         also keeps the features of every fed position in `fed_features` (else None).
+        With `parents`, `extra` is a draft tree (specmesh.tree): row 0 is after the
+        last known token, row i + 1 after node i.
         """
         assert self.tokens, "forward() before any token was synced"
         keep, feed = self.feed(extra)
@@ -122,15 +169,23 @@ class KVSession(TokenHistory):
             self._run(feed[:PREFILL_CHUNK], 1, gathered if features else None)
             feed = feed[PREFILL_CHUNK:]
         engine_host.check_abandoned()
-        logits = self._run(feed, rows, gathered if features else None)
+        tree_parents = None if parents is None or tree.is_chain(parents) else parents
+        logits = self._run(feed, rows, gathered if features else None, tree_parents)
         self.fed_features = (keep, torch.cat(gathered)) if features else None
-        self.tokens.extend(extra)
+        self.took(extra, parents)
         return logits[-rows:].float()
 
-    def _run(self, feed: Sequence[int], rows: int, features: list | None = None) -> torch.Tensor:
+    def _run(self, feed: Sequence[int], rows: int, features: list | None = None,
+             parents: Sequence[int] | None = None) -> torch.Tensor:
         input_ids = self.model_input(feed)                                             # [1, T]
+        layout = {}
+        if parents is not None:   # the last len(parents) fed tokens are a tree's nodes
+            positions, mask = tree.attention_mask(
+                self.cached_len, len(feed) - len(parents), parents, self.model.dtype,
+                self.model.config._attn_implementation, self.model.device)
+            layout = {"position_ids": positions, "attention_mask": mask}
         out = self.model(input_ids=input_ids, logits_to_keep=rows, output_hidden_states=features is not None,
-                         **cache_kwargs(self.model, self.cache))
+                         **layout, **cache_kwargs(self.model, self.cache))
         if features is not None:
             features.append(out.hidden_states[-1][0])                                  # [T, H]
         return out.logits[0]                                                           # [rows, V]

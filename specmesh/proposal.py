@@ -21,10 +21,11 @@ class DraftProposal:
     token_id: int
     q_ids: torch.Tensor     # [n] int64
     q_probs: torch.Tensor   # [n] float32, sums to 1
+    parent: int | None = None   # in a draft tree (specmesh.tree): its parent's index, -1 the root; None: a chain
 
     @classmethod
-    def point_mass(cls, token_id: int) -> "DraftProposal":
-        return cls(token_id, torch.tensor([token_id], dtype=torch.long), torch.tensor([1.0]))
+    def point_mass(cls, token_id: int, parent: int | None = None) -> "DraftProposal":
+        return cls(token_id, torch.tensor([token_id], dtype=torch.long), torch.tensor([1.0]), parent)
 
     @property
     def draft_prob(self) -> float:

@@ -44,11 +44,16 @@ class SamplingParams:
 _MASK64 = (1 << 64) - 1
 
 
-def uniform(seed: int, position: int, stream: Stream) -> float:
-    """Uniform in [0, 1): splitmix64 chain of (seed, position, stream), 53-bit mantissa."""
+def uniform(seed: int, position: int, stream: Stream, index: int = 0) -> float:
+    """Uniform in [0, 1): splitmix64 chain of (seed, position, stream), 53-bit mantissa.
+
+    `index` > 0 gives further independent draws at one (seed, position, stream): a draft
+    tree tests several siblings at one position, each with its own draw."""
     h = splitmix64(seed & _MASK64)
     h = splitmix64(h ^ (position & _MASK64))
     h = splitmix64(h ^ int(stream))
+    if index:
+        h = splitmix64(h ^ (index & _MASK64))
     return (h >> 11) * (1.0 / (1 << 53))
 
 

@@ -29,6 +29,16 @@ Glossary, used the same way in the protos, the code, the metrics and the docs:
 * **committed**: what a step appends to the sequence: the accepted draft tokens
   plus exactly one recovered or bonus token.
 
+Draft trees (specmesh.tree) use the same three steps with point-mass proposals:
+`score_tree` gives p at each node's position and one end token per node (a
+draw from p after it, its children taken out); `accept_tree` walks down from
+the root, trying each node's children in order, the j-th accepted with
+probability p(x_j) / (1 - p(x_1) - ... - p(x_{j-1})), and commits the path and
+the end token of the node it stops at. Trying point masses one after another
+this way is exact (each rejection takes that token out of p, as the chain
+rule's residual does), so the committed tokens are distributed as the
+target's. Greedy: the walk follows the target's argmax while a child matches.
+
 Every draw is `uniform(seed, position, stream)` (`specmesh.sampling`), each rule
 step on its own stream, so a seeded session reproduces whatever serves it.
 """
@@ -40,9 +50,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from specmesh import tree
 from specmesh.sampling import Stream, sample, truncate_top_n, uniform
 
-__all__ = ["draft_token", "residual", "Scores", "score_draft", "Acceptance", "accept"]
+__all__ = ["draft_token", "residual", "Scores", "score_draft", "Acceptance", "accept", "TreeScores", "score_tree",
+           "accept_tree"]
 
 
 # ---------------------------------------------------------------- 1. the draft
@@ -126,3 +138,69 @@ def accept(draft_tokens: Sequence[int], draft_probs: Sequence[float], scores: Sc
         if not uniform(seed, start_position + i, Stream.ACCEPT) < scores.target_probs[i] / q:
             return Acceptance(i, [*draft_tokens[:i], scores.recovered_tokens[i]], False)
     return Acceptance(k, [*draft_tokens, scores.bonus_token], True)
+
+
+# ---------------------------------------------------------------- draft trees
+
+
+@dataclass(frozen=True)
+class TreeScores:
+    """What the verifier returns for a draft tree."""
+    target_probs: list[float]     # p(x_i) at node i's position (its parent's row), len k
+    end_tokens: list[int]         # [0]: ending at the root, [i + 1]: ending at node i; len k + 1
+
+
+def score_tree(target_probs: Tensor, draft_tokens: Sequence[int], parents: Sequence[int], seed: int,
+               start_position: int) -> TreeScores:
+    """Verifier side. target_probs: [k+1, V], row 0 after the last committed token (the root), row i + 1
+    after node i; node i sits at absolute position start_position + depth(i)."""
+    k = len(draft_tokens)
+    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
+        raise ValueError(f"target_probs must be [k+1, V] with k={k}, got {tuple(target_probs.shape)}")
+    rows = torch.tensor([parent + 1 for parent in parents], dtype=torch.int64, device=target_probs.device)
+    toks = torch.as_tensor(list(draft_tokens), dtype=torch.int64, device=target_probs.device)      # [k]
+    p_x = target_probs[rows, toks] if k else target_probs.new_zeros(0)                              # [k]
+    depth = tree.depths(parents)
+    ends = []
+    for r, kids in enumerate(tree.children(parents)):
+        p = target_probs[r].to(torch.float64).clone()                                              # [V]
+        if kids:
+            p[toks[kids]] = 0.0                 # the walk ends here only once every child was rejected
+        if not p.sum() > 0:                     # the children held all the mass: never used
+            p = target_probs[r].to(torch.float64)
+        position = start_position + (depth[r - 1] + 1 if r else 0)   # the token drawn here sits after node r
+        ends.append(sample(p, uniform(seed, position, Stream.TARGET)))
+    return TreeScores([float(v) for v in p_x.tolist()], ends)
+
+
+@dataclass(frozen=True)
+class TreeAcceptance(Acceptance):
+    path: list[int] = None        # the accepted nodes, root's child first
+
+
+def accept_tree(draft_tokens: Sequence[int], parents: Sequence[int], scores: TreeScores, seed: int,
+                start_position: int) -> TreeAcceptance:
+    """Walk the tree from the root: at each node try its children in order, go down the first one
+    accepted; commit the path and the end token of the node where no child was accepted."""
+    k = len(draft_tokens)
+    if not (len(parents) == len(scores.target_probs) == k and len(scores.end_tokens) == k + 1):
+        raise ValueError("draft_tokens, parents and target_probs need k entries, end_tokens k + 1")
+    kids = tree.children(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        position = start_position + len(path)        # where the children of `node` sit
+        removed, chosen = 0.0, None
+        for j, child in enumerate(kids[node + 1]):
+            p = scores.target_probs[child]
+            left = 1.0 - removed
+            if left > 0 and uniform(seed, position, Stream.ACCEPT, j) < p / left:
+                chosen = child
+                break
+            removed += p
+        if chosen is None:
+            break
+        path.append(chosen)
+        node = chosen
+    tokens = [draft_tokens[i] for i in path] + [scores.end_tokens[node + 1]]
+    return TreeAcceptance(len(path), tokens, not kids[node + 1], path)

@@ -39,6 +39,13 @@ def proposal_to_pb(proposal: DraftProposal) -> draft_pb2.DraftProposal:
                                    q_probs=proposal.q_probs.tolist())
 
 
+def parents(proposals: Sequence[DraftProposal]) -> list[int]:
+    """ProposeResponse.parents: empty for a chain; for a tree, each proposal's parent index (-1: the root)."""
+    if all(p.parent is None for p in proposals):
+        return []
+    return [i - 1 if p.parent is None else p.parent for i, p in enumerate(proposals)]
+
+
 def proposal_from_pb(msg: draft_pb2.DraftProposal) -> DraftProposal:
     return DraftProposal(msg.token_id, torch.tensor(msg.q_ids, dtype=torch.long),
                          torch.tensor(msg.q_probs, dtype=torch.float32))

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 from transformers import DynamicCache
 
-from specmesh import telemetry
+from specmesh import telemetry, tree
 from specmesh.engine_host import Caller, EngineHost, caller
 from specmesh.errors import ResourceExhausted
 from specmesh.kv import KVSession
@@ -29,26 +29,30 @@ from specmesh.models import cache_kwargs
 
 @torch.inference_mode()
 def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Sequence[int]],
-                    features: Sequence[bool] | None = None) -> list[torch.Tensor]:
+                    features: Sequence[bool] | None = None,
+                    parents: Sequence[Sequence[int] | None] | None = None) -> list[torch.Tensor]:
     """KVSession.forward for several sessions in one pass; same results, row for row.
 
     `features[i]`: also keep session i's features of the positions it fed in its
     `fed_features` (the pass returns hidden states only when some session asks).
+    `parents[i]`: session i's extras are a draft tree (specmesh.tree); None: a chain.
 
     Sessions without any cache yet (a first call, or one rebuilding after a cache
     miss) run on their own: their whole prompt is the work, and an empty cache has
     no tensors to pad.
     """
     features = list(features) if features is not None else [False] * len(sessions)
+    parents = [None if p is None or tree.is_chain(p) else list(p) for p in parents] if parents is not None \
+        else [None] * len(sessions)
     fresh = [i for i, s in enumerate(sessions) if s.cached_len == 0]
     if fresh and len(sessions) > 1:
         warm = [i for i in range(len(sessions)) if i not in fresh]
         rows = dict(zip(warm, batched_forward(model, [sessions[i] for i in warm], [extras[i] for i in warm],
-                                              [features[i] for i in warm])))
-        rows.update({i: sessions[i].forward(extras[i], features=features[i]) for i in fresh})
+                                              [features[i] for i in warm], [parents[i] for i in warm])))
+        rows.update({i: sessions[i].forward(extras[i], features=features[i], parents=parents[i]) for i in fresh})
         return [rows[i] for i in range(len(sessions))]
     if len(sessions) <= 1:
-        return [s.forward(e, features=f) for s, e, f in zip(sessions, extras, features)]
+        return [s.forward(e, features=f, parents=p) for s, e, f, p in zip(sessions, extras, features, parents)]
     feeds, lengths = [], []
     for s, extra in zip(sessions, extras):
         keep, feed = s.feed(extra)
@@ -59,10 +63,22 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
     input_ids = torch.zeros(n, width, dtype=torch.long, device=device)               # [n, T]
     mask = torch.zeros(n, past + width, dtype=torch.long, device=device)             # [n, L + T]
     positions = torch.zeros(n, width, dtype=torch.long, device=device)               # [n, T]
-    for i, (feed, length) in enumerate(zip(feeds, lengths)):
+    trees = any(p is not None for p in parents)
+    if trees:   # one 4D mask for all: each tree's nodes see their ancestors, padding sees its own row's tokens
+        mask = torch.zeros(n, 1, width, past + width, dtype=torch.bool, device=device)   # [n, 1, T, L + T]
+    for i, (feed, length, tree_parents) in enumerate(zip(feeds, lengths, parents)):
         input_ids[i, :len(feed)] = torch.tensor(feed, device=device)
-        mask[i, past - length:past + len(feed)] = 1
         positions[i] = torch.arange(length, length + width, device=device)
+        if not trees:
+            mask[i, past - length:past + len(feed)] = 1
+            continue
+        offsets, allowed = tree.feed_layout(len(feed) - len(tree_parents or ()), tree_parents or [], device)
+        positions[i, :len(feed)] = length + offsets
+        mask[i, 0, :, past - length:past + len(feed)] = True                           # padding rows: see all
+        mask[i, 0, :len(feed), past:past + len(feed)] = allowed
+    if trees and model.config._attn_implementation == "eager":   # eager adds its mask
+        mask = torch.zeros(mask.shape, dtype=model.dtype, device=device).masked_fill_(~mask,
+                                                                                      torch.finfo(model.dtype).min)
     batch_cache = DynamicCache(config=model.config)
     for layer in range(len(sessions[0].cache.layers) if past else 0):
         keys, values = [], []
@@ -83,7 +99,7 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
                    layer.values[i:i + 1, :, past - length:past + len(feed)].contiguous())
                   for layer in batch_cache.layers]
         s.replace_cache(layers)
-        s.tokens.extend(extra)
+        s.took(extra, parents[i])
         rows.append(logits[i, len(feed) - len(extra) - 1:len(feed)])                   # [len(extra) + 1, V]
     return rows
 

@@ -20,7 +20,8 @@ from specmesh.kv import KVSession, cache_nbytes
 from specmesh.models import LoadedModel
 from specmesh.proposal import MAX_PROPOSAL_SUPPORT, DraftProposal
 from specmesh.sampling import SamplingParams, process_logits
-from specmesh.speculative import Scores, score_draft
+from specmesh import tree
+from specmesh.speculative import Scores, TreeScores, score_draft, score_tree
 from verifier_service.batching import batched_forward
 
 log = logging.getLogger("specmesh.verifier")
@@ -38,13 +39,14 @@ class VerifyCall:
     seed: int
     prefix_fingerprint: int | None = None   # of tail's start; None: trusted (in-process callers)
     return_features: bool = False           # also return the features of every fed position (EAGLE drafts)
+    parents: Sequence[int] = ()             # a draft tree's (specmesh.tree); empty: the proposals are a chain
 
 
 @dataclass(frozen=True)
 class Verified:
     """What a Verify returns: the scores, the cache's length, and the fed positions' features when asked."""
 
-    scores: Scores
+    scores: Scores | TreeScores
     cached_len: int
     features_start: int = 0
     features: torch.Tensor | None = None    # [fed, H] from position features_start on
@@ -99,15 +101,16 @@ class TargetEngine:
             sessions = [session for _, session, _ in ready]
             first_positions = [len(session.tokens) for session in sessions]   # position of draft token 0
             drafts = [[d.token_id for d in call.proposals] for _, _, call in ready]
-            rows = batched_forward(self.model, sessions, drafts,
-                                   [call.return_features for _, _, call in ready])  # each [k_i + 1, V]
+            rows = batched_forward(self.model, sessions, drafts, [call.return_features for _, _, call in ready],
+                                   [call.parents or None for _, _, call in ready])  # each [k_i + 1, V]
             for (i, session, call), logits, position in zip(ready, rows, first_positions):
                 fed, session.fed_features = session.fed_features, None
                 try:
                     probs = process_logits(logits, call.params)                 # [k + 1, V]
-                    scores = score_draft(probs, [d.token_id for d in call.proposals],
-                                         [d.q_ids for d in call.proposals], [d.q_probs for d in call.proposals],
-                                         call.seed, position)
+                    tokens = [d.token_id for d in call.proposals]
+                    scores = score_tree(probs, tokens, call.parents, call.seed, position) if call.parents \
+                        else score_draft(probs, tokens, [d.q_ids for d in call.proposals],
+                                         [d.q_probs for d in call.proposals], call.seed, position)
                     results[i] = Verified(scores, len(session.tokens), *(fed if fed is not None else (0, None)))
                 except Exception as error:  # noqa: BLE001 - reported to that caller only
                     results[i] = error
@@ -124,6 +127,8 @@ class TargetEngine:
         self._check_tokens("proposals", [d.token_id for d in drafts])
         for i, d in enumerate(drafts):
             self._check_proposal(i, d)
+        if call.parents:
+            tree.check_parents(call.parents, len(drafts))
         if start == 0:   # a full resend (first call, or repairing a cache miss) starts afresh
             session = KVSession(session_id, self.model)
             session.sync(0, tail)

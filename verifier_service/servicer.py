@@ -5,6 +5,7 @@ from specmesh import wire
 from specmesh.engine_host import EngineHost
 from specmesh.bounds import check_session_id
 from specmesh.eagle import features_to_bytes
+from specmesh.speculative import TreeScores
 from specmesh.v1 import cache_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.batching import VerifyBatcher
 from verifier_service.engine import VerifyCall
@@ -31,10 +32,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         verified = await self.batcher.submit(VerifyCall(
             request.session_id, request.sync.start, list(request.sync.token_ids),
             [wire.proposal_from_pb(p) for p in request.proposals], wire.sampling_from_pb(request.sampling),
-            request.seed, request.sync.prefix_fingerprint, request.return_features))
+            request.seed, request.sync.prefix_fingerprint, request.return_features, list(request.parents)))
         scores = verified.scores
-        reply = verifier_pb2.VerifyResponse(target_probs=scores.target_probs, recovered_tokens=scores.recovered_tokens,
-                                            bonus_token=scores.bonus_token, cached_len=verified.cached_len)
+        if isinstance(scores, TreeScores):
+            reply = verifier_pb2.VerifyResponse(target_probs=scores.target_probs, end_tokens=scores.end_tokens,
+                                                cached_len=verified.cached_len)
+        else:
+            reply = verifier_pb2.VerifyResponse(target_probs=scores.target_probs,
+                                                recovered_tokens=scores.recovered_tokens,
+                                                bonus_token=scores.bonus_token, cached_len=verified.cached_len)
         if verified.features is not None:
             reply.features, reply.features_start = features_to_bytes(verified.features), verified.features_start
         return reply

@@ -24,7 +24,7 @@ from specmesh import engine_host
 from specmesh.config import DraftConfig
 from specmesh.distilled import DistilledDraft, cut_head, mask_other
 from specmesh.drafts import resolve_draft
-from specmesh.eagle import load_eagle
+from specmesh.eagle import grow_tree, load_eagle
 from specmesh.fast_linear import apply_kernels
 from specmesh.kv import PREFILL_CHUNK, TokenHistory, tensor_bytes
 from specmesh.proposal import DraftProposal
@@ -100,8 +100,9 @@ class EagleDrafter(Drafter):
     name = "eagle"
     uses_target_features = True
 
-    def __init__(self, draft: DistilledDraft):
+    def __init__(self, draft: DistilledDraft, tree_branch: int = 1):
         self.draft = draft
+        self.tree_branch = tree_branch                                # > 1: propose draft trees
         self.model = draft.model
         self.model_name = draft.info.name
         self.vocab_size = draft.info.vocab_size
@@ -115,7 +116,7 @@ class EagleDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "EagleDrafter | None":
         if not config.eagle_model or config.eagle_model.strip().lower() == "none":
             return None
-        drafter = _load(config.eagle_model, config.device, config.draft_head_tokens)
+        drafter = _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch)
         apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
         return drafter
 
@@ -124,8 +125,10 @@ class EagleDrafter(Drafter):
 
     def propose(self, state: EagleState, k: int, params: SamplingParams, seed: int,
                 top_n: int) -> list[DraftProposal]:
-        proposals: list[DraftProposal] = []
         logits, hidden = state.feed_committed()              # [n_out + 1], [H]: predicts position len(tokens)
+        if self.tree_branch > 1 and k > 1:
+            return self._tree(state, logits, hidden, k, params)
+        proposals: list[DraftProposal] = []
         for i in range(k):
             probs = process_logits(mask_other(logits), params)                     # [n_out]
             index, q_index, q_probs = draft_token(probs, top_n, seed, len(state.tokens))
@@ -138,9 +141,25 @@ class EagleDrafter(Drafter):
                 state.tokens.append(token)            # seen, not yet cached: no logits needed past k
         return proposals
 
+    def _tree(self, state: EagleState, logits: torch.Tensor, hidden: torch.Tensor, k: int,
+              params: SamplingParams) -> list[DraftProposal]:
+        """A draft tree of k nodes (specmesh.eagle.grow_tree), ranked by the draft's q under the request's
+        sampling (greedy ranks by the plain softmax: its one-hot q would rank nothing). Its proposals are
+        point masses: the verifier tries siblings in order (specmesh.speculative.accept_tree). The state's
+        tokens stay the committed ones: the next sync brings what was accepted, with real features."""
+        def rank(rows: torch.Tensor) -> torch.Tensor:                            # [N, n_out + 1] -> [N, n_out]
+            rows = mask_other(rows).float()
+            return torch.log_softmax(rows, dim=-1) if params.greedy else torch.log(process_logits(rows, params))
 
-@functools.lru_cache(maxsize=2)
-def _load(spec: str, device: str, head_tokens: int = 0) -> EagleDrafter:
+        with torch.inference_mode():
+            ids, parents = grow_tree(self.model, state.cache, len(state.tokens), logits, hidden, k,
+                                     depth=k, branch=self.tree_branch, rank=rank)
+        tokens = self.draft_to_target[torch.tensor(ids, dtype=torch.long, device=self.draft_to_target.device)]
+        return [DraftProposal.point_mass(int(t), parent) for t, parent in zip(tokens.tolist(), parents)]
+
+
+@functools.lru_cache(maxsize=4)
+def _load(spec: str, device: str, head_tokens: int = 0, tree_branch: int = 2) -> EagleDrafter:
     draft = load_eagle(resolve_draft(spec), device=device)
     cut_head(draft.model.lm, head_tokens)
-    return EagleDrafter(draft)
+    return EagleDrafter(draft, tree_branch)

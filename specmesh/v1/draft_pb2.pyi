@@ -39,12 +39,14 @@ class DraftProposal(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., q_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("proposals", "cached_len")
+    __slots__ = ("proposals", "cached_len", "parents")
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
     proposals: _containers.RepeatedCompositeFieldContainer[DraftProposal]
     cached_len: int
-    def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ..., cached_len: _Optional[int] = ...) -> None: ...
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, proposals: _Optional[_Iterable[_Union[DraftProposal, _Mapping]]] = ..., cached_len: _Optional[int] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DrafterInfo(_message.Message):
     __slots__ = ("name", "model", "vocab_size", "vocab_fingerprint", "max_context", "uses_target_features", "feature_dim")

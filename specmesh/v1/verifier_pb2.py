@@ -27,7 +27,7 @@ from specmesh.v1 import cache_pb2 as specmesh_dot_v1_dot_cache__pb2
 from specmesh.v1 import draft_pb2 as specmesh_dot_v1_dot_draft__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecmesh/v1/verifier.proto\x12\x0bspecmesh.v1\x1a\x1aspecmesh/v1/sampling.proto\x1a\x17specmesh/v1/cache.proto\x1a\x17specmesh/v1/draft.proto\"P\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x17\n\x0freturn_features\x18\x03 \x01(\x08\"7\n\x0fPrefillResponse\x12\x12\n\ncached_len\x18\x01 \x01(\x03\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0c\"\xce\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x04sync\x18\x02 \x01(\x0b\x32\x16.specmesh.v1.CacheSync\x12-\n\tproposals\x18\x03 \x03(\x0b\x32\x1a.specmesh.v1.DraftProposal\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.specmesh.v1.SamplingParams\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x17\n\x0freturn_features\x18\x06 \x01(\x08\"\x93\x01\n\x0eVerifyResponse\x12\x14\n\x0ctarget_probs\x18\x01 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x02 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x03 \x01(\x05\x12\x12\n\ncached_len\x18\x04 \x01(\x03\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0c\x12\x16\n\x0e\x66\x65\x61tures_start\x18\x06 \x01(\x03\"\xa6\x01\n\x0cVerifierInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x03 \x01(\t\x12\x13\n\x0bmax_context\x18\x04 \x01(\x03\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x17\n\x0f\x63\x61\x63hed_sessions\x18\x06 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x07 \x01(\x05\x32\x96\x02\n\x08Verifier\x12\x44\n\x07Prefill\x12\x1b.specmesh.v1.PrefillRequest\x1a\x1c.specmesh.v1.PrefillResponse\x12\x41\n\x06Verify\x12\x1a.specmesh.v1.VerifyRequest\x1a\x1b.specmesh.v1.VerifyResponse\x12\x44\n\x07Release\x12\x1b.specmesh.v1.ReleaseRequest\x1a\x1c.specmesh.v1.ReleaseResponse\x12;\n\x04Info\x12\x18.specmesh.v1.InfoRequest\x1a\x19.specmesh.v1.VerifierInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspecmesh/v1/verifier.proto\x12\x0bspecmesh.v1\x1a\x1aspecmesh/v1/sampling.proto\x1a\x17specmesh/v1/cache.proto\x1a\x17specmesh/v1/draft.proto\"P\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x17\n\x0freturn_features\x18\x03 \x01(\x08\"7\n\x0fPrefillResponse\x12\x12\n\ncached_len\x18\x01 \x01(\x03\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0c\"\xdf\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x04sync\x18\x02 \x01(\x0b\x32\x16.specmesh.v1.CacheSync\x12-\n\tproposals\x18\x03 \x03(\x0b\x32\x1a.specmesh.v1.DraftProposal\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.specmesh.v1.SamplingParams\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x17\n\x0freturn_features\x18\x06 \x01(\x08\x12\x0f\n\x07parents\x18\x07 \x03(\x05\"\xa7\x01\n\x0eVerifyResponse\x12\x14\n\x0ctarget_probs\x18\x01 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x02 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x03 \x01(\x05\x12\x12\n\ncached_len\x18\x04 \x01(\x03\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x01(\x0c\x12\x16\n\x0e\x66\x65\x61tures_start\x18\x06 \x01(\x03\x12\x12\n\nend_tokens\x18\x07 \x03(\x05\"\xa6\x01\n\x0cVerifierInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x03 \x01(\t\x12\x13\n\x0bmax_context\x18\x04 \x01(\x03\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x17\n\x0f\x63\x61\x63hed_sessions\x18\x06 \x01(\x05\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x07 \x01(\x05\x32\x96\x02\n\x08Verifier\x12\x44\n\x07Prefill\x12\x1b.specmesh.v1.PrefillRequest\x1a\x1c.specmesh.v1.PrefillResponse\x12\x41\n\x06Verify\x12\x1a.specmesh.v1.VerifyRequest\x1a\x1b.specmesh.v1.VerifyResponse\x12\x44\n\x07Release\x12\x1b.specmesh.v1.ReleaseRequest\x1a\x1c.specmesh.v1.ReleaseResponse\x12;\n\x04Info\x12\x18.specmesh.v1.InfoRequest\x1a\x19.specmesh.v1.VerifierInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,11 +39,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLRESPONSE']._serialized_start=203
   _globals['_PREFILLRESPONSE']._serialized_end=258
   _globals['_VERIFYREQUEST']._serialized_start=261
-  _globals['_VERIFYREQUEST']._serialized_end=467
-  _globals['_VERIFYRESPONSE']._serialized_start=470
-  _globals['_VERIFYRESPONSE']._serialized_end=617
-  _globals['_VERIFIERINFO']._serialized_start=620
-  _globals['_VERIFIERINFO']._serialized_end=786
-  _globals['_VERIFIER']._serialized_start=789
-  _globals['_VERIFIER']._serialized_end=1067
+  _globals['_VERIFYREQUEST']._serialized_end=484
+  _globals['_VERIFYRESPONSE']._serialized_start=487
+  _globals['_VERIFYRESPONSE']._serialized_end=654
+  _globals['_VERIFIERINFO']._serialized_start=657
+  _globals['_VERIFIERINFO']._serialized_end=823
+  _globals['_VERIFIER']._serialized_start=826
+  _globals['_VERIFIER']._serialized_end=1104
 # @@protoc_insertion_point(module_scope)

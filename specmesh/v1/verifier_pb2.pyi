@@ -28,36 +28,40 @@ class PrefillResponse(_message.Message):
     def __init__(self, cached_len: _Optional[int] = ..., features: _Optional[bytes] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "sync", "proposals", "sampling", "seed", "return_features")
+    __slots__ = ("session_id", "sync", "proposals", "sampling", "seed", "return_features", "parents")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     RETURN_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     sync: _cache_pb2.CacheSync
     proposals: _containers.RepeatedCompositeFieldContainer[_draft_pb2.DraftProposal]
     sampling: _sampling_pb2.SamplingParams
     seed: int
     return_features: bool
-    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., proposals: _Optional[_Iterable[_Union[_draft_pb2.DraftProposal, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., return_features: _Optional[bool] = ...) -> None: ...
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., proposals: _Optional[_Iterable[_Union[_draft_pb2.DraftProposal, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., return_features: _Optional[bool] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("target_probs", "recovered_tokens", "bonus_token", "cached_len", "features", "features_start")
+    __slots__ = ("target_probs", "recovered_tokens", "bonus_token", "cached_len", "features", "features_start", "end_tokens")
     TARGET_PROBS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BONUS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     FEATURES_START_FIELD_NUMBER: _ClassVar[int]
+    END_TOKENS_FIELD_NUMBER: _ClassVar[int]
     target_probs: _containers.RepeatedScalarFieldContainer[float]
     recovered_tokens: _containers.RepeatedScalarFieldContainer[int]
     bonus_token: int
     cached_len: int
     features: bytes
     features_start: int
-    def __init__(self, target_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., cached_len: _Optional[int] = ..., features: _Optional[bytes] = ..., features_start: _Optional[int] = ...) -> None: ...
+    end_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, target_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., cached_len: _Optional[int] = ..., features: _Optional[bytes] = ..., features_start: _Optional[int] = ..., end_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifierInfo(_message.Message):
     __slots__ = ("model", "vocab_size", "vocab_fingerprint", "max_context", "eos_token_ids", "cached_sessions", "feature_dim")
