@@ -20,8 +20,10 @@ from distill.draft_model import build_eagle
 from draft_service.drafters.eagle import EagleDrafter
 from specmesh.client import Client, build_request
 from specmesh.config import VerifierConfig
-from specmesh.distilled import VocabMap, save_draft
-from specmesh.eagle import features_from_bytes, load_eagle, save_fc
+from specmesh import tree
+from specmesh.distilled import VocabMap, mask_other, save_draft
+from specmesh.eagle import features_from_bytes, grow_tree, load_eagle, save_fc
+from specmesh.fast_linear import apply_kernels
 from specmesh.models import load_model
 from specmesh.proposal import DraftProposal
 from specmesh.sampling import SamplingParams
@@ -100,6 +102,38 @@ def test_incremental_syncs_propose_what_a_fresh_feed_proposes(eagle):
     assert state.real_len == start        # the cache holds only real-feature positions after a sync ...
     state.sync(start, [], None, features=feats[start:start])
     assert state.cache.get_seq_length() == start
+
+
+@pytest.mark.parametrize("invariant", [False, True], ids=["stock", "batch-invariant"])
+def test_a_tree_grows_each_node_from_its_own_path(eagle, invariant):
+    """grow_tree feeds a layer of nodes in one pass under a tree mask: every node's children are the
+    ones a chain fed along that node's path would rank first (with the served draft's kernels too)."""
+    target, folder = eagle
+    drafter = EagleDrafter(load_eagle(str(folder), target=target.info), tree_branch=2)
+    if invariant:
+        apply_kernels(drafter.model, "packed", True)
+    tokens = target.tokenizer.encode("the quick brown fox jumps over")
+    feats = before(features_of(target, tokens))
+
+    def rank(rows):
+        return torch.log_softmax(mask_other(rows).float(), dim=-1)
+
+    state = drafter.new_state("tree")
+    state.sync(0, tokens, features=feats)
+    logits, hidden = state.feed_committed()
+    ids, parents = grow_tree(drafter.model, state.cache, len(tokens), logits, hidden, size=100, depth=3, branch=2,
+                             rank=rank)
+    assert state.cache.get_seq_length() == len(tokens)      # the tree's entries are gone again
+    kids = tree.children(parents)
+    grown = [i for i in range(len(ids)) if kids[i + 1]]
+    assert len(ids) == 2 + 4 + 4 and len(grown) == 4        # 2 children of the root; the best 2 of each layer grow
+    for node in [-1] + grown:
+        chain = drafter.new_state("chain")
+        chain.sync(0, tokens, features=feats)
+        row, feature = chain.feed_committed()
+        for step in tree.path_to(parents, node):
+            row, feature = chain.feed_draft(int(drafter.draft_to_target[ids[step]]), feature)
+        assert sorted(ids[c] for c in kids[node + 1]) == sorted(rank(row[None])[0].topk(2).indices.tolist()), node
 
 
 def test_the_draft_reads_the_features(eagle):
