@@ -64,6 +64,28 @@ def _steps(model, sizes=(1, 3, 2, 5, 9, 4)):
     return session.forward(TOKENS[P:P + 4])
 
 
+def _tree_steps(model):
+    """Decode like a verifier does with draft trees: the accepted path is on the first chain on some
+    steps, off it on others (a second child of the root, then its child), and none on others."""
+    session = KVSession("a", model)
+    session.sync(0, TOKENS[:40])
+    session.forward(last_only=True)
+    n, i = 40, 0
+    while n < P - 3:
+        i += 1
+        a, b = TOKENS[n], TOKENS[n + 1]
+        x, y = (a + 1) % 97 or 1, (b + 2) % 97 or 1                  # never the text's tokens
+        nodes, parents, path = [[x, y, a, b, y], [-1, 0, -1, 2, 2], [2, 3]] if i % 3 == 0 else \
+            [[a, b, x, y], [-1, 0, 1, -1], [0, 1]] if i % 3 == 1 else [[x, y, y], [-1, 0, -1], []]
+        session.forward(nodes, parents=parents)
+        on_chain = next((j for j, node in enumerate(path) if node != j), len(path))
+        accepted = len(path)
+        session.sync(n + on_chain, TOKENS[n + on_chain:n + accepted + 1])   # the path, then the end token
+        n += accepted + 1
+    session.sync(n, TOKENS[n:P])
+    return session.forward(TOKENS[P:P + 4])
+
+
 def _batched(model):
     """Session a beside two others whose caches are longer and shorter (left padding differs)."""
     sessions = []
@@ -84,7 +106,27 @@ def test_a_position_gets_the_same_bits_however_it_is_computed(models, monkeypatc
     assert torch.equal(_steps(model), reference)
     assert torch.equal(_steps(model, sizes=(2, 7)), reference)
     assert torch.equal(_batched(model), reference)
+    assert torch.equal(_tree_steps(model), reference)      # a tree's first chain and re-fed path: chain bits
     assert torch.equal(_prefill(model, chunk=16, monkeypatch=monkeypatch), reference)
+
+
+def test_a_tree_node_gets_the_bits_of_its_path_fed_as_a_chain(models):
+    """A draft tree puts masked keys (other branches) between a node's ancestors, not only after them:
+    its rows still carry the chain's bits, so a tree verify keeps sampled outputs reproducible."""
+    _, model = models
+    n = 200
+    distractors = [(t + 5) % 97 or 1 for t in TOKENS[n:n + 7]]
+    nodes = distractors[:6] + [TOKENS[n], TOKENS[n + 1], distractors[6]]
+    parents = [-1, 0, 1, -1, 3, 4, -1, 6, 6]              # two branches first; the text's path is nodes 6, 7
+    tree = KVSession("tree", model)
+    tree.sync(0, TOKENS[:n])
+    tree.forward(last_only=True)
+    rows = tree.forward(nodes, parents=parents)
+    chain = KVSession("chain", model)
+    chain.sync(0, TOKENS[:n])
+    chain.forward(last_only=True)
+    expected = chain.forward(TOKENS[n:n + 2])
+    assert torch.equal(rows[0], expected[0]) and torch.equal(rows[7], expected[1]) and torch.equal(rows[8], expected[2])
 
 
 def test_batch_invariant_logits_are_the_models_own(models, monkeypatch):
