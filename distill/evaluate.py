@@ -165,12 +165,18 @@ def eagle_sampled_rate(model: EagleDraft, target_to_draft, draft_to_target, exam
     return float(torch.minimum(p_top, q.gather(1, top_ids)).sum()), n
 
 
+# The draft tree an EAGLE drafter serves by default: k = 4 nodes, depth 4, tree_branch 2.
+SERVED_TREE = (4, 4, 2)
+
+
 def evaluate(draft: DistilledDraft, heldout: Sequence[dict], ks: Sequence[int] = (4,),
              temperature: float = 0.8, progress=lambda n: None) -> dict:
-    """Per category and overall: greedy committed tokens per step at each k, teacher-forced top-1 agreement,
-    and the estimated committed tokens per step at `temperature` (k = 4)."""
+    """Per category and overall: greedy committed tokens per step at each k (and, for an EAGLE draft,
+    with the served draft tree), teacher-forced top-1 agreement, and the estimated committed tokens per
+    step at `temperature` (k = 4)."""
     tokens = defaultdict(int)
     steps = defaultdict(lambda: defaultdict(int))
+    tree_steps = defaultdict(int)
     overlap, positions = defaultdict(float), defaultdict(int)
     t2d, d2t = draft.target_to_draft, draft.draft_to_target
     for example in heldout:
@@ -182,6 +188,10 @@ def evaluate(draft: DistilledDraft, heldout: Sequence[dict], ks: Sequence[int] =
                  else greedy_steps(draft.model, t2d, d2t, example["prompt_ids"], answer, k))
             for c in cats:
                 steps[c][k] += s
+        if eagle:
+            s = eagle_tree_greedy_steps(draft.model, t2d, d2t, example, *SERVED_TREE)
+            for c in cats:
+                tree_steps[c] += s
         o, n = (eagle_sampled_rate if eagle else sampled_rate)(draft.model, t2d, d2t, example, temperature)
         for c in cats:
             tokens[c] += len(answer)
@@ -196,6 +206,7 @@ def evaluate(draft: DistilledDraft, heldout: Sequence[dict], ks: Sequence[int] =
             tokens=tokens[c],
             **{f"greedy_committed_per_step_k{k}": tokens[c] / max(1, steps[c][k]) for k in ks},
             **{f"greedy_acceptance_k{k}": (tokens[c] / max(1, steps[c][k]) - 1) / k for k in ks},
+            **({"greedy_committed_per_step_tree_k4": tokens[c] / max(1, tree_steps[c])} if tree_steps else {}),
             sampled_token_acceptance=rate,
             sampled_committed_per_step_k4=(1 - rate ** 5) / (1 - rate) if rate < 1 else 5.0,
         )

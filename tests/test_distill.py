@@ -240,7 +240,11 @@ def test_distill_eagle_writes_a_folder_that_loads_and_continues_features(eagle_d
 
     out, work = eagle_distilled
     assert is_eagle_draft(str(out)) and (out / EAGLE_FILE).is_file()
-    assert "EAGLE-style" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "EAGLE-style" in card
+    # the served draft tree's acceptance is measured too (a step commits at least one token)
+    overall = next(line for line in card.splitlines() if line.startswith("| overall |")).split("|")
+    assert "committed/step tree k=4" in card and float(overall[5]) >= 1.0 and float(overall[4]) >= 1.0
     assert json.loads((out / "distill.json").read_text())["arch"] == "eagle"
     target = load_model(str(tiny_models["target"]))
     draft = load_eagle(str(out), target=target.info)
