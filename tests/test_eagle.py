@@ -20,7 +20,7 @@ from distill.draft_model import build_eagle
 from draft_service.drafters.eagle import EagleDrafter
 from specmesh.client import Client, build_request
 from specmesh.config import VerifierConfig
-from specmesh import tree
+from specmesh import tree, wire
 from specmesh.distilled import VocabMap, mask_other, save_draft
 from specmesh.eagle import features_from_bytes, grow_tree, load_eagle, save_fc
 from specmesh.fast_linear import apply_kernels
@@ -134,6 +134,25 @@ def test_a_tree_grows_each_node_from_its_own_path(eagle, invariant):
         for step in tree.path_to(parents, node):
             row, feature = chain.feed_draft(int(drafter.draft_to_target[ids[step]]), feature)
         assert sorted(ids[c] for c in kids[node + 1]) == sorted(rank(row[None])[0].topk(2).indices.tolist()), node
+
+
+def test_the_drafter_proposes_a_tree_within_its_depth_or_a_chain(eagle):
+    target, folder = eagle
+    tokens = target.tokenizer.encode("the quick brown fox jumps over")
+    feats = before(features_of(target, tokens))
+    shapes = {}
+    for branch, depth in ((1, 6), (2, 6), (2, 2)):
+        drafter = EagleDrafter(load_eagle(str(folder), target=target.info), tree_branch=branch, tree_depth=depth)
+        state = drafter.new_state("s")
+        state.sync(0, tokens, features=feats)
+        proposals = drafter.propose(state, 6, SamplingParams(), 0, top_n=8)
+        assert len(proposals) == 6
+        assert (state.tokens == tokens) == (branch > 1)                # a tree leaves the committed tokens alone
+        shapes[branch, depth] = wire.parents(proposals)
+    assert shapes[1, 6] == []                                          # a chain: no parents on the wire
+    assert len(shapes[2, 6]) == 6 and max(tree.depths(shapes[2, 6])) <= 5   # sent as a tree, whatever its shape
+    assert max(tree.depths(shapes[2, 2])) == 1 and not tree.is_chain(shapes[2, 2])   # two layers at most
+    tree.check_parents(shapes[2, 6], 6)
 
 
 def test_the_draft_reads_the_features(eagle):

@@ -100,9 +100,10 @@ class EagleDrafter(Drafter):
     name = "eagle"
     uses_target_features = True
 
-    def __init__(self, draft: DistilledDraft, tree_branch: int = 1):
+    def __init__(self, draft: DistilledDraft, tree_branch: int = 1, tree_depth: int = 6):
         self.draft = draft
         self.tree_branch = tree_branch                                # > 1: propose draft trees
+        self.tree_depth = tree_depth
         self.model = draft.model
         self.model_name = draft.info.name
         self.vocab_size = draft.info.vocab_size
@@ -116,7 +117,8 @@ class EagleDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "EagleDrafter | None":
         if not config.eagle_model or config.eagle_model.strip().lower() == "none":
             return None
-        drafter = _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch)
+        drafter = _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch,
+                        config.tree_depth)
         apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
         return drafter
 
@@ -153,13 +155,13 @@ class EagleDrafter(Drafter):
 
         with torch.inference_mode():
             ids, parents = grow_tree(self.model, state.cache, len(state.tokens), logits, hidden, k,
-                                     depth=k, branch=self.tree_branch, rank=rank)
+                                     depth=min(k, self.tree_depth), branch=self.tree_branch, rank=rank)
         tokens = self.draft_to_target[torch.tensor(ids, dtype=torch.long, device=self.draft_to_target.device)]
         return [DraftProposal.point_mass(int(t), parent) for t, parent in zip(tokens.tolist(), parents)]
 
 
 @functools.lru_cache(maxsize=4)
-def _load(spec: str, device: str, head_tokens: int = 0, tree_branch: int = 2) -> EagleDrafter:
+def _load(spec: str, device: str, head_tokens: int = 0, tree_branch: int = 2, tree_depth: int = 6) -> EagleDrafter:
     draft = load_eagle(resolve_draft(spec), device=device)
     cut_head(draft.model.lm, head_tokens)
-    return EagleDrafter(draft, tree_branch)
+    return EagleDrafter(draft, tree_branch, tree_depth)
