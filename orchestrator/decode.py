@@ -291,11 +291,8 @@ class Decoder:
         committed, finish = self._cut(result.tokens, generated, req.max_new_tokens)
         if s.feature_dim:   # the fed committed tokens and the accepted drafts; never a rejected one
             first, rows = fed
-            if parents:     # rows: the fed committed tokens, then every node; keep the accepted path's
-                size = 2 * s.feature_dim
-                committed_rows = len(rows) // size - len(proposals)
-                rows = rows[:committed_rows * size] + b"".join(
-                    rows[(committed_rows + j) * size:(committed_rows + j + 1) * size] for j in result.path)
+            if parents:
+                rows = _path_rows(rows, 2 * s.feature_dim, len(proposals), result.path)
             self._learn_features(s, first, rows, upto=start + len(committed) - 1)
         s.steps += 1
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
@@ -382,6 +379,10 @@ class Decoder:
 
         replica, reply = await self.verifiers.call(s.verifier, s.committed, rpc)
         s.verifier = Handle(replica.address, s.req.session_id, s.verifier.cached_len)
+        if parents and len(reply.end_tokens) != len(proposals) + 1:
+            # A verifier from before draft trees ignores `parents` and scores a chain.
+            raise ServiceError(f"verifier {replica.address} did not score the draft tree (no end_tokens): upgrade "
+                               "the verifier tier, or set tree_branch=1 on the draft tier")
         scores = TreeScores(list(reply.target_probs), list(reply.end_tokens)) if parents \
             else Scores(list(reply.target_probs), list(reply.recovered_tokens), reply.bonus_token)
         return scores, reply.cached_len, (reply.features_start, reply.features)
@@ -411,6 +412,13 @@ class Decoder:
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, Exception):
                 log.warning("release of session %s incomplete: %s", session_id, outcome)
+
+
+def _path_rows(rows: bytes, size: int, nodes: int, path: Sequence[int]) -> bytes:
+    """A tree's Verify features hold a row for each fed committed token, then one for every node: keep the
+    committed tokens' and the accepted path's, in path order (rows of `size` bytes)."""
+    committed = len(rows) // size - nodes
+    return rows[:committed * size] + b"".join(rows[(committed + j) * size:(committed + j + 1) * size] for j in path)
 
 
 def _describe(span, number: int, step: StepResult) -> None:

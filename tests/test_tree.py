@@ -230,3 +230,11 @@ def test_the_verifier_refuses_a_bad_tree_and_keeps_the_session(tiny_models):
     good = VerifyCall("t", len(CONTEXT), [], proposals, SamplingParams(), 0, parents=[-1, -1])
     verified = engine.verify_batch([good])[0]
     assert isinstance(verified.scores, TreeScores) and len(verified.scores.end_tokens) == 3
+
+
+def test_the_orchestrator_keeps_the_features_of_the_accepted_path():
+    from orchestrator.decode import _path_rows
+
+    rows = b"".join(bytes([i]) * 4 for i in range(2 + len(NODES)))     # 2 fed committed tokens, then 6 nodes
+    kept = _path_rows(rows, 4, len(NODES), [0, 3])                         # the path 12 -> 15
+    assert kept == bytes([0]) * 4 + bytes([1]) * 4 + bytes([2]) * 4 + bytes([5]) * 4
