@@ -116,3 +116,16 @@ def test_a_distilled_draft_for_another_target_is_skipped(tmp_path, tiny_models):
     peers = bench_peers.HFPeers.load(str(tiny_models["target"]), str(folder), [], [3], 0.0, threads=1)
     assert [name for name, _ in peers.settings()] == ["hf:generate"]
     assert "vocabulary map was made for" in peers.skipped[0]
+
+
+def test_compare_bench_reads_tokens_per_step_and_each_runs_own_speedup(tmp_path):
+    from tools.compare_bench import per_category
+
+    header = "question_id,category,config,committed_tokens,elapsed_s,steps\n"
+    rows = ["1,qa,target-only,100,10,100", "1,qa,eagle-hybrid:k=4,100,5,50",
+            "2,rag,target-only,50,10,50", "2,rag,eagle-hybrid:k=4,60,6,20", "2,rag,eagle:k=4,60,1,10"]
+    path = tmp_path / "results.csv"
+    path.write_text(header + "\n".join(rows) + "\n")
+    got = per_category(str(path), "eagle-hybrid:k=4")
+    assert got["qa"] == (2.0, 2.0) and got["rag"] == (3.0, 2.0)       # 60 tok / 6 s against 50 tok / 10 s
+    assert got["overall"] == (160 / 70, (160 / 11) / (150 / 20))

@@ -238,3 +238,4 @@ def test_the_orchestrator_keeps_the_features_of_the_accepted_path():
     rows = b"".join(bytes([i]) * 4 for i in range(2 + len(NODES)))     # 2 fed committed tokens, then 6 nodes
     kept = _path_rows(rows, 4, len(NODES), [0, 3])                         # the path 12 -> 15
     assert kept == bytes([0]) * 4 + bytes([1]) * 4 + bytes([2]) * 4 + bytes([5]) * 4
+
