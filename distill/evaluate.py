@@ -75,34 +75,35 @@ def sampled_rate(model, target_to_draft, draft_to_target, example: dict, tempera
 
 
 @torch.inference_mode()
-def eagle_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor,
-                       example: dict, k: int) -> int:
-    """greedy_steps for an EAGLE draft: committed positions read the target's features (the example's),
-    drafted ones the draft's own; after each step the drafted positions are recomputed with real ones."""
+def _eagle_replay(model: EagleDraft, target_to_draft: torch.Tensor, example: dict, draft) -> int:
+    """Speculative steps needed to commit the example's answer with an EAGLE draft. Committed positions
+    read the target's features (the example's); each step, `draft(logits, hidden, cache, position)` drafts
+    from the draft's output at the last committed one and returns (target ids, parents: a chain or a tree,
+    specmesh.tree). The step accepts the nodes that follow the answer down from the root, commits them
+    plus one target token, and drops the drafted positions from the cache (they are fed again with real
+    features)."""
     device = target_to_draft.device
     prompt, answer = list(example["prompt_ids"]), list(example["response_ids"])
     features = example["features"].float().to(device)                                # [L - 1, H]
     zero = torch.zeros(1, features.shape[1], device=device)
     cache = DynamicCache(config=model.config)
     committed = list(prompt)
-    fed = 0
-    position, steps = 0, 0
+    fed, position, steps = 0, 0, 0
     while position < len(answer):
         n = len(committed)
         ids = target_to_draft[torch.tensor([committed[fed:n]], device=device)]            # [1, T]
         prev = torch.cat([zero, features])[fed:n][None]                                  # [1, T, H]: f_{j-1}
         logits, hidden = model(ids, prev, cache=cache, logits_rows=1)
         fed = n
-        drafted = []
-        for i in range(k):
-            token = int(logits[0, -1, :-1].argmax())
-            drafted.append(int(draft_to_target[token]))
-            if i + 1 < k:
-                logits, hidden = model(torch.tensor([[token]], device=device), hidden[:, -1:], cache=cache)
-        accepted = 0
-        while accepted < k and position + accepted < len(answer) and drafted[accepted] == answer[position + accepted]:
-            accepted += 1
-        take = min(accepted + 1, len(answer) - position)
+        drafted, parents = draft(logits[0, -1], hidden[0, -1], cache, n)
+        node, accepted = -1, 0
+        while position + accepted < len(answer):
+            child = next((c for c, parent in enumerate(parents)
+                          if parent == node and drafted[c] == answer[position + accepted]), None)
+            if child is None:
+                break
+            node, accepted = child, accepted + 1
+        take = min(accepted + 1, len(answer) - position)      # the accepted tokens + one target token
         committed.extend(answer[position:position + take])
         position += take
         steps += 1
@@ -112,38 +113,40 @@ def eagle_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_t
     return steps
 
 
-@torch.inference_mode()
+def eagle_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor,
+                       example: dict, k: int) -> int:
+    """greedy_steps for an EAGLE draft: a chain of k greedy drafts, each after reading the draft's own
+    stand-in feature of the one before."""
+    device = target_to_draft.device
+
+    def chain(logits, hidden, cache, position):
+        drafted = []
+        for i in range(k):
+            token = int(logits[:-1].argmax())
+            drafted.append(int(draft_to_target[token]))
+            if i + 1 < k:
+                out, feature = model(torch.tensor([[token]], device=device), hidden[None, None], cache=cache)
+                logits, hidden = out[0, -1], feature[0, -1]
+        return drafted, list(range(-1, k - 1))
+
+    return _eagle_replay(model, target_to_draft, example, chain)
+
+
 def eagle_tree_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor,
                             example: dict, size: int, depth: int, branch: int) -> int:
     """eagle_greedy_steps with a draft tree (specmesh.eagle.grow_tree): each step walks down the tree
     while a child is the target's next token."""
     device = target_to_draft.device
-    prompt, answer = list(example["prompt_ids"]), list(example["response_ids"])
-    features = example["features"].float().to(device)                                # [L - 1, H]
-    zero = torch.zeros(1, features.shape[1], device=device)
-    cache = DynamicCache(config=model.config)
-    committed = list(prompt)
-    fed, position, steps = 0, 0, 0
-    rank = lambda logits: torch.log_softmax(logits[..., :-1].float(), dim=-1)      # noqa: E731
-    while position < len(answer):
-        n = len(committed)
-        ids = target_to_draft[torch.tensor([committed[fed:n]], device=device)]            # [1, T]
-        prev = torch.cat([zero, features])[fed:n][None]                                  # [1, T, H]
-        logits, hidden = model(ids, prev, cache=cache, logits_rows=1)
-        fed = n
-        drafted, parents = grow_tree(model, cache, n, logits[0, -1], hidden[0, -1], size, depth, branch, rank)
-        drafted = draft_to_target[torch.tensor(drafted, dtype=torch.long, device=device)].tolist() if drafted else []
-        node, accepted = -1, 0
-        while position + accepted < len(answer):
-            match = [i for i, p in enumerate(parents) if p == node and drafted[i] == answer[position + accepted]]
-            if not match:
-                break
-            node, accepted = match[0], accepted + 1
-        take = min(accepted + 1, len(answer) - position)
-        committed.extend(answer[position:position + take])
-        position += take
-        steps += 1
-    return steps
+
+    def rank(logits):
+        return torch.log_softmax(logits[..., :-1].float(), dim=-1)
+
+    def grow(logits, hidden, cache, position):
+        drafted, parents = grow_tree(model, cache, position, logits, hidden, size, depth, branch, rank)
+        ids = draft_to_target[torch.tensor(drafted, dtype=torch.long, device=device)].tolist() if drafted else []
+        return ids, parents
+
+    return _eagle_replay(model, target_to_draft, example, grow)
 
 
 @torch.inference_mode()
