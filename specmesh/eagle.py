@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specmesh.distilled import DistilledDraft, load_draft, quantize_rows
-from specmesh.models import ModelInfo, ModelLoadError, cache_kwargs
+from specmesh.models import ModelInfo, ModelLoadError, cache_kwargs, custom_attention_mask
 
 EAGLE_FILE = "eagle.safetensors"
 
@@ -192,8 +192,8 @@ def grow_tree(model: EagleDraft, cache, position: int, logits: torch.Tensor, hid
                     mask[row, column] = True
                     ancestor = parent_of[ancestor]
             positions = torch.full((1, len(expand)), position + d - 1, dtype=torch.long, device=device)
-            out_logits, out_hidden = model(ids, prev, cache=cache, attention_mask=_as_model_mask(model, mask),
-                                           position_ids=positions)
+            out_logits, out_hidden = model(ids, prev, cache=cache, position_ids=positions,
+                                           attention_mask=custom_attention_mask(model, mask[None, None]))
             fed.extend(expand)
             ranked = rank(out_logits[0])                                                             # [P, n_out]
             layer = []
@@ -219,10 +219,3 @@ def grow_tree(model: EagleDraft, cache, position: int, logits: torch.Tensor, hid
     index = {c: i for i, c in enumerate(order)}
     return [tokens[c] for c in order], [index[parent_of[c]] if parent_of[c] >= 0 else -1 for c in order]
 
-
-def _as_model_mask(model: EagleDraft, allowed: torch.Tensor) -> torch.Tensor:
-    """[T, L] bool -> the 4D mask transformers hands to the draft's attention unchanged."""
-    mask = allowed[None, None]
-    if model.config._attn_implementation == "eager":   # eager adds its mask; the others take booleans
-        return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    return mask

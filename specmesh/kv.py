@@ -180,9 +180,7 @@ class KVSession(TokenHistory):
         input_ids = self.model_input(feed)                                             # [1, T]
         layout = {}
         if parents is not None:   # the last len(parents) fed tokens are a tree's nodes
-            positions, mask = tree.attention_mask(
-                self.cached_len, len(feed) - len(parents), parents, self.model.dtype,
-                self.model.config._attn_implementation, self.model.device)
+            positions, mask = tree.attention_mask(self.model, self.cached_len, len(feed) - len(parents), parents)
             layout = {"position_ids": positions, "attention_mask": mask}
         out = self.model(input_ids=input_ids, logits_to_keep=rows, output_hidden_states=features is not None,
                          **layout, **cache_kwargs(self.model, self.cache))

@@ -243,6 +243,19 @@ def cache_kwargs(model, cache) -> dict:
     return {_cache_arg(type(model)): cache, "use_cache": True}
 
 
+def custom_attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, L] bool (True: attend) -> the 4D mask to pass to `model`'s forward, which transformers
+    hands to the attention unchanged: booleans for SDPA and specmesh's batch-invariant attention, an
+    additive mask (0, or the dtype's minimum) for eager attention, which adds it to the scores."""
+    if model.config._attn_implementation != "eager":
+        return allowed
+    import torch
+
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed,
+                                                                                       torch.finfo(dtype).min)
+
+
 # --------------------------------------------------------------------------- resolving specs
 
 

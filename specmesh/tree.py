@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from specmesh.errors import InvalidArgument
+from specmesh.models import custom_attention_mask
 
 
 def check_parents(parents: Sequence[int], k: int, field: str = "parents") -> None:
@@ -94,16 +95,9 @@ def feed_layout(tail: int, parents: Sequence[int], device=None) -> tuple[torch.T
     return torch.tensor(offsets, dtype=torch.long, device=device), allowed
 
 
-def attention_mask(cached: int, tail: int, parents: Sequence[int], dtype: torch.dtype, attn_implementation: str,
-                   device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(position_ids [1, T], 4D mask [1, 1, T, cached + T]) for a transformers forward over a tree.
-
-    transformers passes a 4D mask to the attention unchanged: a boolean one (True: attend) for SDPA
-    and specmesh's batch-invariant attention, an additive float one for eager attention.
-    """
-    offsets, allowed = feed_layout(tail, parents, device)
-    full = torch.cat([torch.ones(len(offsets), cached, dtype=torch.bool, device=device), allowed], dim=1)
-    mask = full[None, None]
-    if attn_implementation == "eager":
-        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
-    return (offsets + cached)[None], mask
+def attention_mask(model, cached: int, tail: int, parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position_ids [1, T], 4D mask [1, 1, T, cached + T]) for `model`'s forward over a tree
+    (specmesh.models.custom_attention_mask: the form its attention takes)."""
+    offsets, allowed = feed_layout(tail, parents, model.device)
+    full = torch.cat([torch.ones(len(offsets), cached, dtype=torch.bool, device=model.device), allowed], dim=1)
+    return (offsets + cached)[None], custom_attention_mask(model, full[None, None])

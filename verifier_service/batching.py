@@ -24,7 +24,7 @@ from specmesh import telemetry, tree
 from specmesh.engine_host import Caller, EngineHost, caller
 from specmesh.errors import ResourceExhausted
 from specmesh.kv import KVSession
-from specmesh.models import cache_kwargs
+from specmesh.models import cache_kwargs, custom_attention_mask
 
 
 @torch.inference_mode()
@@ -76,9 +76,8 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
         positions[i, :len(feed)] = length + offsets
         mask[i, 0, :, past - length:past + len(feed)] = True                           # padding rows: see all
         mask[i, 0, :len(feed), past:past + len(feed)] = allowed
-    if trees and model.config._attn_implementation == "eager":   # eager adds its mask
-        mask = torch.zeros(mask.shape, dtype=model.dtype, device=device).masked_fill_(~mask,
-                                                                                      torch.finfo(model.dtype).min)
+    if trees:
+        mask = custom_attention_mask(model, mask)
     batch_cache = DynamicCache(config=model.config)
     for layer in range(len(sessions[0].cache.layers) if past else 0):
         keys, values = [], []
