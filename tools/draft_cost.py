@@ -1,12 +1,14 @@
 """What one draft step costs, and what it accepts, as the draft tier serves it.
 
     PYTHONPATH=$PWD python tools/draft_cost.py [--draft smollm2-eagle] \
-        [--variants packed:0,bf16:0,packed:2048,bf16:2048] [--heldout WORK_FOLDER]
+        [--variants packed:0,bf16:0,packed:2048,bf16:2048,bf16:2048:2:3] [--heldout WORK_FOLDER]
 
-A variant is LINEAR_KERNELS:DRAFT_HEAD_TOKENS, the draft tier's two settings
-(`--linear-kernels`, `--draft-head-tokens`; batch-invariant numerics stay on,
-as served). Each is loaded through the drafter's own from_config, so this is
-the code the service runs.
+A variant is LINEAR_KERNELS:DRAFT_HEAD_TOKENS[:TREE_BRANCH[:TREE_DEPTH]], the
+draft tier's settings (`--linear-kernels`, `--draft-head-tokens`,
+`--tree-branch`, `--tree-depth`, each defaulting as the tier does;
+batch-invariant numerics stay on, as served). Each is loaded through the
+drafter's own from_config, so this is the code the service runs: an EAGLE
+draft proposes a tree unless its branch is 1.
 
 Cost: one Propose of k tokens after a ~300-token context, the way a session
 steps: sync two committed tokens (with features, for an EAGLE draft), then
@@ -14,7 +16,8 @@ propose. Variants take turns round by round; the median is printed.
 
 Acceptance (with --heldout, a `specmesh distill` work folder): the greedy
 committed tokens per step at k over its held-out answers, replayed as the
-model card's figure is (distill/evaluate.py), never Spec-Bench.
+model card's figure is (distill/evaluate.py), with the variant's chain or
+tree and its served numerics, never Spec-Bench.
 """
 from __future__ import annotations
 
@@ -32,21 +35,25 @@ from specmesh.eagle import is_eagle_draft
 from specmesh.sampling import SamplingParams
 
 
-def load(draft: str, kernels: str, head: int):
+def load(draft: str, variant: str):
+    """The drafter for a variant (kernels:head[:branch[:depth]]), through the tier's own loader."""
     from draft_service.drafters import eagle, model
 
     eagle._load.cache_clear()       # every variant gets its own copy: packing changes a model in place
     model._load.cache_clear()
+    kernels, head, *tree = variant.split(":")
+    settings = dict(linear_kernels=kernels, draft_head_tokens=int(head or 0))
+    settings.update(zip(("tree_branch", "tree_depth"), map(int, tree)))
     if is_eagle_draft(resolve_draft(draft)):
-        return eagle.EagleDrafter.from_config(DraftConfig(eagle_model=draft, linear_kernels=kernels,
-                                                          draft_head_tokens=head))
-    return model.ModelDrafter.from_config(DraftConfig(draft_model=draft, linear_kernels=kernels,
-                                                      draft_head_tokens=head))
+        return eagle.EagleDrafter.from_config(DraftConfig(eagle_model=draft, **settings))
+    return model.ModelDrafter.from_config(DraftConfig(draft_model=draft, **settings))
 
 
 def step(drafter, state, k: int, context: int) -> float:
-    """Sync two new committed tokens (a step's accepted + bonus), propose k; -> seconds of the propose."""
-    start = len(state.tokens) - k if len(state.tokens) > context else context
+    """Sync two new committed tokens (a step's accepted + bonus), propose k; -> seconds of the propose.
+    Every step rolls back to the same context, whatever the drafter left in its state (a chain's drafts
+    or none, for a tree), so every variant and round drafts at the same length."""
+    start = context - 2
     tail = [11, 12]
     if getattr(drafter, "uses_target_features", False):
         state.sync(start, tail, None, torch.randn(len(tail), drafter.feature_dim))
@@ -58,7 +65,7 @@ def step(drafter, state, k: int, context: int) -> float:
 
 
 def acceptance(drafter, work: str, k: int) -> float:
-    from distill.evaluate import eagle_greedy_steps, greedy_steps
+    from distill.evaluate import eagle_greedy_steps, eagle_tree_greedy_steps, greedy_steps
     from distill.generate import load_examples
 
     examples = load_examples(sorted(glob.glob(f"{work}/data/heldout/shard-*.pt")))
@@ -67,7 +74,9 @@ def acceptance(drafter, work: str, k: int) -> float:
     model, t2d, d2t = drafter.model, drafter.target_to_draft, drafter.draft_to_target
     tokens = steps = 0
     for e in examples:
-        if getattr(drafter, "uses_target_features", False):
+        if getattr(drafter, "tree_branch", 1) > 1 and k > 1:   # as EagleDrafter.propose grows it
+            steps += eagle_tree_greedy_steps(model, t2d, d2t, e, k, min(k, drafter.tree_depth), drafter.tree_branch)
+        elif getattr(drafter, "uses_target_features", False):
             steps += eagle_greedy_steps(model, t2d, d2t, e, k)
         else:
             steps += greedy_steps(model, t2d, d2t, e["prompt_ids"], e["response_ids"], k)
@@ -91,8 +100,7 @@ def main() -> None:
 
     variants = {}
     for v in args.variants.split(","):
-        kernels, _, head = v.partition(":")
-        drafter = load(args.draft, kernels, int(head or 0))
+        drafter = load(args.draft, v)
         state = drafter.new_state(v)
         context = list(range(1000, 1000 + args.context))
         if getattr(drafter, "uses_target_features", False):
@@ -109,9 +117,12 @@ def main() -> None:
     print(f"\none Propose of k = {args.k} after {args.context} tokens, {args.threads} thread(s), median of {args.rounds}:")
     for v, (drafter, _, times) in variants.items():
         m = statistics.median(times)
-        line = f"  {v:<16} {m * 1e3:6.1f} ms  ({m / base:.2f}x)"
+        line = f"  {v:<18} {m * 1e3:6.1f} ms  ({m / base:.2f}x)"
         if args.heldout:
-            line += f"   held-out committed tokens/step (k = {args.k}): {acceptance(drafter, args.heldout, args.k):.3f}"
+            branch = getattr(drafter, "tree_branch", 1)
+            shape = f"tree of {args.k}, depth {min(args.k, drafter.tree_depth)}, branch {branch}" \
+                if branch > 1 and args.k > 1 else f"chain of {args.k}"
+            line += f"   held-out committed tokens/step ({shape}): {acceptance(drafter, args.heldout, args.k):.3f}"
         print(line, flush=True)
 
 
