@@ -4,6 +4,8 @@ from __future__ import annotations
 import shlex
 import sys
 
+from distill.evaluate import SERVED_TREE
+
 
 def command_line(argv: list[str] | None = None) -> str:
     return "specmesh distill " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[2:]))
@@ -17,8 +19,10 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                     + (f"{r['greedy_committed_per_step_tree_k4']:.2f} | " if tree else "")
                     + f"{r['greedy_acceptance_k4']:.2f} | "
                     f"{r['sampled_token_acceptance']:.2f} | {r['sampled_committed_per_step_k4']:.2f} |")
-    tree_note = (" The tree column is what the EAGLE drafters serve by default: a draft tree of 4 nodes "
-                 "(depth 4, 2 children per expanded node; docs/distill.md, \"Draft trees\")." if tree else "")
+    nodes, depth, branch = SERVED_TREE
+    tree_note = (f" The tree column is what the EAGLE drafters serve by default: a draft tree of {nodes} nodes "
+                 f"(depth {depth}, {branch} children per expanded node; docs/distill.md, \"Draft trees\")."
+                 if tree else "")
     tree_head, tree_rule = (" committed/step tree k=4 |", " --- |") if tree else ("", "")
     phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
     # What the training data hold (a --max-train-batches budget keeps the greedy batches, which come first).

@@ -68,15 +68,16 @@ class DraftConfig(ServiceSettings):
               "reads the whole output head, the bulk of its cost on a CPU, so the shipped drafts' 5-8k-row heads "
               "cost 1.4-2x a 2k one; held-out acceptance moved by <1% (docs/benchmarks.md); 0: the whole head")
     tree_branch: int = setting(
-        2, "the EAGLE drafters propose a draft tree of k nodes (specmesh/tree.py): each round expands the "
+        3, "the EAGLE drafters propose a draft tree of k nodes (specmesh/tree.py): each round expands the "
            "best nodes of the newest layer, this many children each, and the k best paths are verified in one "
-           "pass; 1: a chain. At the same k (the same verify cost) a tree commits more tokens per step: "
-           "eagle-hybrid at k = 4, 1.76 against 1.63 on 13 Spec-Bench questions, 1.83 against 1.66 on the "
-           "shipped draft's held-out answers (docs/distill.md)")
+           "pass; 1: a chain. At the same k (the same verify cost) a tree commits more tokens per step, and "
+           "costs the draft less than a chain: held-out at k = 4, 1.89 against 1.76, 6.8 against 9.5 ms "
+           "(docs/distill.md)")
     tree_depth: int = setting(
-        6, "the deepest a draft tree grows (min with k): one draft pass per layer, so this bounds the draft's "
-           "time per step when a wide tree (large k, on a GPU) is asked for; held-out, 16 nodes at depth 6 with "
-           "tree_branch 4 committed 2.17 tokens per step")
+        3, "the deepest a draft tree grows (min with k): one draft pass per layer, so this bounds the draft's "
+           "time per step; at k = 4, depth 3 accepted what depth 4 did held-out for 2.5 ms less a step. A wide "
+           "tree (large k, on a GPU) wants more: 16 nodes at depth 6 with tree_branch 4 committed 2.17 tokens "
+           "per step held-out")
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(

@@ -245,6 +245,13 @@ def test_distill_eagle_writes_a_folder_that_loads_and_continues_features(eagle_d
     # the served draft tree's acceptance is measured too (a step commits at least one token)
     overall = next(line for line in card.splitlines() if line.startswith("| overall |")).split("|")
     assert "committed/step tree k=4" in card and float(overall[5]) >= 1.0 and float(overall[4]) >= 1.0
+    # ... and it is the tree the draft tier serves by default, as the card says
+    from distill.evaluate import SERVED_TREE
+    from specmesh.config import DraftConfig
+
+    defaults = DraftConfig()
+    assert SERVED_TREE == (4, min(4, defaults.tree_depth), defaults.tree_branch)
+    assert f"(depth {SERVED_TREE[1]}, {SERVED_TREE[2]} children per expanded node" in card
     assert json.loads((out / "distill.json").read_text())["arch"] == "eagle"
     target = load_model(str(tiny_models["target"]))
     draft = load_eagle(str(out), target=target.info)

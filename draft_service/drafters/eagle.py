@@ -161,7 +161,7 @@ class EagleDrafter(Drafter):
 
 
 @functools.lru_cache(maxsize=4)
-def _load(spec: str, device: str, head_tokens: int = 0, tree_branch: int = 2, tree_depth: int = 6) -> EagleDrafter:
+def _load(spec: str, device: str, head_tokens: int, tree_branch: int, tree_depth: int) -> EagleDrafter:
     draft = load_eagle(resolve_draft(spec), device=device)
     cut_head(draft.model.lm, head_tokens)
     return EagleDrafter(draft, tree_branch, tree_depth)
