@@ -64,6 +64,11 @@ def step(drafter, state, k: int, context: int) -> float:
     return time.perf_counter() - began
 
 
+def tree_shape(drafter, k: int) -> tuple[int, int] | None:
+    """(depth, branch) of the tree the drafter proposes at k (EagleDrafter.tree_shape), None for a chain."""
+    return drafter.tree_shape(k) if hasattr(drafter, "tree_shape") else None
+
+
 def acceptance(drafter, work: str, k: int) -> float:
     from distill.evaluate import eagle_greedy_steps, eagle_tree_greedy_steps, greedy_steps
     from distill.generate import load_examples
@@ -72,10 +77,11 @@ def acceptance(drafter, work: str, k: int) -> float:
     if not examples:
         raise SystemExit(f"no held-out shards under {work}/data/heldout")
     model, t2d, d2t = drafter.model, drafter.target_to_draft, drafter.draft_to_target
+    shape = tree_shape(drafter, k)
     tokens = steps = 0
     for e in examples:
-        if getattr(drafter, "tree_branch", 1) > 1 and k > 1:   # as EagleDrafter.propose grows it
-            steps += eagle_tree_greedy_steps(model, t2d, d2t, e, k, min(k, drafter.tree_depth), drafter.tree_branch)
+        if shape is not None:
+            steps += eagle_tree_greedy_steps(model, t2d, d2t, e, k, *shape)
         elif getattr(drafter, "uses_target_features", False):
             steps += eagle_greedy_steps(model, t2d, d2t, e, k)
         else:
@@ -119,10 +125,9 @@ def main() -> None:
         m = statistics.median(times)
         line = f"  {v:<18} {m * 1e3:6.1f} ms  ({m / base:.2f}x)"
         if args.heldout:
-            branch = getattr(drafter, "tree_branch", 1)
-            shape = f"tree of {args.k}, depth {min(args.k, drafter.tree_depth)}, branch {branch}" \
-                if branch > 1 and args.k > 1 else f"chain of {args.k}"
-            line += f"   held-out committed tokens/step ({shape}): {acceptance(drafter, args.heldout, args.k):.3f}"
+            shape = tree_shape(drafter, args.k)
+            what = f"tree of {args.k}, depth {shape[0]}, branch {shape[1]}" if shape else f"chain of {args.k}"
+            line += f"   held-out committed tokens/step ({what}): {acceptance(drafter, args.heldout, args.k):.3f}"
         print(line, flush=True)
 
 

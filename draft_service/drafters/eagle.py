@@ -125,11 +125,16 @@ class EagleDrafter(Drafter):
     def new_state(self, session_id: str) -> EagleState:
         return EagleState(session_id, self.draft)
 
+    def tree_shape(self, k: int) -> tuple[int, int] | None:
+        """(depth, branch) of the draft tree a Propose of k grows, or None: it proposes a chain."""
+        return (min(k, self.tree_depth), self.tree_branch) if self.tree_branch > 1 and k > 1 else None
+
     def propose(self, state: EagleState, k: int, params: SamplingParams, seed: int,
                 top_n: int) -> list[DraftProposal]:
         logits, hidden = state.feed_committed()              # [n_out + 1], [H]: predicts position len(tokens)
-        if self.tree_branch > 1 and k > 1:
-            return self._tree(state, logits, hidden, k, params)
+        shape = self.tree_shape(k)
+        if shape is not None:
+            return self._tree(state, logits, hidden, k, *shape, params)
         proposals: list[DraftProposal] = []
         for i in range(k):
             probs = process_logits(mask_other(logits), params)                     # [n_out]
@@ -143,7 +148,7 @@ class EagleDrafter(Drafter):
                 state.tokens.append(token)            # seen, not yet cached: no logits needed past k
         return proposals
 
-    def _tree(self, state: EagleState, logits: torch.Tensor, hidden: torch.Tensor, k: int,
+    def _tree(self, state: EagleState, logits: torch.Tensor, hidden: torch.Tensor, k: int, depth: int, branch: int,
               params: SamplingParams) -> list[DraftProposal]:
         """A draft tree of k nodes (specmesh.eagle.grow_tree), ranked by the draft's q under the request's
         sampling (greedy ranks by the plain softmax: its one-hot q would rank nothing). Its proposals are
@@ -155,7 +160,7 @@ class EagleDrafter(Drafter):
 
         with torch.inference_mode():
             ids, parents = grow_tree(self.model, state.cache, len(state.tokens), logits, hidden, k,
-                                     depth=min(k, self.tree_depth), branch=self.tree_branch, rank=rank)
+                                     depth=depth, branch=branch, rank=rank)
         tokens = self.draft_to_target[torch.tensor(ids, dtype=torch.long, device=self.draft_to_target.device)]
         return [DraftProposal.point_mass(int(t), parent) for t, parent in zip(tokens.tolist(), parents)]
 
