@@ -96,6 +96,10 @@ class Client:
             completion.add(chunk)
         return completion
 
+    def list_models(self) -> orchestrator_pb2.ListModelsResponse:
+        """The target, the drafters served, and the defaults a request that names none gets."""
+        return self.stub.ListModels(orchestrator_pb2.ListModelsRequest(), metadata=self.metadata)
+
     def cancel(self, session_id: str) -> None:
         self.stub.Cancel(orchestrator_pb2.CancelRequest(session_id=session_id), metadata=self.metadata)
 

@@ -37,14 +37,19 @@ def add_arguments(p) -> None:
     p.add_argument("--question-ids", default="", help="comma-separated question ids (overrides --per-category)")
     p.add_argument("--per-category", type=int, default=1, help="questions taken from each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--configs", default="ngram:4",
-                   help="speculative configurations DRAFTER:K, comma-separated (the k=0 baseline is always run)")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help="speculative configurations DRAFTER:K, comma-separated (the k=0 baseline is always run); "
+                        f"{DEFAULT_CONFIGS!r}: what a request that names none gets (the server's default drafter "
+                        "and k, from ListModels)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=1,
                    help="run every prompt and configuration this many times, interleaved (less noise)")
     p.add_argument("--no-chat", action="store_true", help="send the raw question instead of a chat turn")
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for json, csv and png")
     bench_peers.add_arguments(p)
+
+
+DEFAULT_CONFIGS = "default"
 
 
 def load_questions(path: Path, categories: list[str], per_category: int, ids: list[int]) -> list[dict]:
@@ -65,9 +70,14 @@ def load_questions(path: Path, categories: list[str], per_category: int, ids: li
     return chosen
 
 
-def parse_configs(text: str) -> list[tuple[str, int]]:
+def parse_configs(text: str, default: tuple[str, int] | None = None) -> list[tuple[str, int]]:
+    """"ngram:4,eagle:5" -> [("ngram", 4), ("eagle", 5)]; DEFAULT_CONFIGS (alone or in the list) is `default`,
+    the server's default drafter and k (skipped while unknown)."""
     configs = []
     for item in filter(None, (t.strip() for t in text.split(","))):
+        if item == DEFAULT_CONFIGS:
+            configs += [default] if default and default[1] > 0 else []   # a default k of 0 is the baseline
+            continue
         drafter, _, k = item.partition(":")
         configs.append((drafter, int(k or 4)))
     return configs
@@ -78,7 +88,6 @@ def run(args) -> int:
 
     questions = load_questions(args.questions, [c for c in args.categories.split(",") if c], args.per_category,
                                [int(i) for i in args.question_ids.split(",") if i])
-    configs = parse_configs(args.configs)
     cluster = None
     address = args.addr
     if address is None:
@@ -93,6 +102,7 @@ def run(args) -> int:
         cluster.start()
         address = cluster.address
     try:
+        configs = parse_configs(args.configs, server_default(address))
         rows = measure(address, questions, configs, args)
     finally:
         if cluster is not None:
@@ -101,11 +111,20 @@ def run(args) -> int:
     return 0
 
 
+def server_default(address: str) -> tuple[str, int]:
+    """(drafter, k) of a request that names neither, as the orchestrator at `address` serves them."""
+    from specmesh.client import Client
+
+    with Client(address) as client:
+        models = client.list_models()
+    return models.default_drafter, models.default_k
+
+
 def measure(address: str, questions: list[dict], configs: list[tuple[str, int]], args) -> list[dict]:
     from specmesh.client import Client
 
     rows = []
-    peers = _load_peers(args)
+    peers = _load_peers(args, configs)
     with Client(address) as client:
         # One untimed request so that lazy initialisation is not billed to the first prompt.
         client.generate("Hello", chat=not args.no_chat, max_new_tokens=4, k=0)
@@ -140,12 +159,12 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
     return rows
 
 
-def _load_peers(args) -> "bench_peers.HFPeers | None":
+def _load_peers(args, configs: list[tuple[str, int]]) -> "bench_peers.HFPeers | None":
     if not getattr(args, "peers", ""):
         return None
     lookup = [int(n) for n in args.peer_lookup_tokens.split(",") if n.strip()]
     assistant = [int(n) for n in args.peer_assistant_tokens.split(",") if n.strip()] or sorted(
-        {k for _, k in parse_configs(args.configs) if k}) or [4]
+        {k for _, k in configs if k}) or [4]
     from specmesh.drafts import draft_for
 
     # The same draft our services run (the shipped one by default), as HF's assistant model.

@@ -129,3 +129,18 @@ def test_compare_bench_reads_tokens_per_step_and_each_runs_own_speedup(tmp_path)
     got = per_category(str(path), "eagle-hybrid:k=4")
     assert got["qa"] == (2.0, 2.0) and got["rag"] == (3.0, 2.0)       # 60 tok / 6 s against 50 tok / 10 s
     assert got["overall"] == (160 / 70, (160 / 11) / (150 / 20))
+
+
+def test_default_config_is_what_a_request_naming_nothing_gets(tiny_cluster, tiny_client):
+    """`specmesh bench` with no --configs measures the server's default drafter and k, not a fixed one."""
+    from specmesh.config import OrchestratorConfig
+
+    drafter, k = bench.server_default(tiny_cluster.address)
+    models = tiny_client.list_models()
+    assert drafter == models.default_drafter and drafter in {d.name for d in models.drafters}
+    assert k == OrchestratorConfig().default_k > 0
+    completion = tiny_client.generate("hello world, hello world, hello", max_new_tokens=8)
+    assert (completion.drafter, completion.k) == (drafter, k)     # what the plain request ran with
+    assert bench.parse_configs(bench.DEFAULT_CONFIGS, (drafter, k)) == [(drafter, k)]
+    assert bench.parse_configs("default,ngram:2", (drafter, k)) == [(drafter, k), ("ngram", 2)]
+    assert bench.parse_configs("default", ("ngram", 0)) == []      # a default k of 0 is the baseline itself
