@@ -19,7 +19,7 @@ shape around it. Measured op by op on this build (tools/invariance_probe.py):
 - Attention is written here with those same oneDNN products. Keys are laid out
   so that index = position (a batched pass left-pads caches; the mask says by
   how much), masked scores become exact zeros, and the softmax denominator is
-  one more column of the P.V product, so no reduction runs over a length that
+  P times a row of ones by the same kernel, so no reduction runs over a length that
   depends on the batch.
 - RMSNorm, softmax over the vocabulary, SiLU, RoPE and exp were already
   row-invariant (checked by the same probe).
@@ -82,51 +82,41 @@ def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
         raise NotImplementedError(f"batch-invariant attention does not implement {', '.join(unsupported)}")
     batch, heads, length, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
-    groups = heads // kv_heads
     query = query * (dim ** -0.5 if scaling is None else scaling)
     out = query.new_empty(batch, length, heads, dim)
-    # A few rows (a verify step): one product against every group's keys, 3x the (tiny) arithmetic but one
-    # call, since a oneDNN call's fixed cost (~35 us) is what a step's attention is made of. Many rows (a
-    # prefill): one product per group. Both give the same bits: a column's result does not depend on N.
-    cross = kv_heads > 1 and length <= _CROSS_MAX_ROWS
     for b in range(batch):
         start, bias = _layout(attention_mask, b, length, keys)      # bias [T, n]: 0 where allowed, else -inf
         n = keys - start
         k, v = key[b, :, start:], value[b, :, start:]               # [Hkv, n, D], index == position
-        # V^T with a row of ones under it: the product's last column is the softmax's denominator,
-        # summed by the same kernel as the values (a plain sum's order depends on n).
-        v_one = query.new_empty(kv_heads, dim + 1, n)
-        v_one[:, :dim].copy_(v.transpose(1, 2))
-        v_one[:, dim].fill_(1.0)
-        q = query[b].reshape(heads * length, dim)                   # rows (group, head in group, t)
-        if cross:
-            scores = _own_group(_matmul(q, k.reshape(kv_heads * n, dim)), kv_heads, n)
-        else:
-            scores = torch.stack([_matmul(rows, k[g]) for g, rows in enumerate(q.view(kv_heads, -1, dim))])
-        scores = scores.reshape(heads, length, n) + bias
-        top = scores.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).min)  # a row with no key
-        weights = torch.exp(scores - top)                                              # masked: exactly 0
-        if cross:
-            summed = _own_group(_matmul(weights.view(heads * length, n), v_one.view(kv_heads * (dim + 1), n)),
-                                kv_heads, dim + 1)
-        else:
-            summed = torch.stack([_matmul(rows, v_one[g])
-                                  for g, rows in enumerate(weights.view(kv_heads, -1, n))])
-        summed = summed.reshape(heads * length, dim + 1)
-        result = summed[:, :dim] / summed[:, dim:].clamp_min(torch.finfo(summed.dtype).tiny)
+        # One product per group of heads sharing a key head: rows (head in group, t) against that group's
+        # keys, then against its values, read in place (oneDNN reads V [n, D] as the transposed weight, and
+        # gives the bits of a copied V^T). Measured beside one cross-group product that does 3x the
+        # arithmetic in one call: the per-group calls cost less, with no copy of V per layer and step.
+        rows = query[b].reshape(kv_heads, -1, dim)                  # [Hkv, G x T, D]
+        scores = torch.stack([_matmul(rows[g], k[g]) for g in range(kv_heads)])    # [Hkv, G x T, n]
+        scores = scores.view(heads, length, n).add_(bias)
+        top = scores.amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(scores.dtype).min)  # a row with no key
+        weights = scores.sub_(top).exp_()                                           # masked: exactly 0
+        grouped = weights.view(kv_heads, -1, n)
+        summed = torch.stack([_matmul(grouped[g], v[g].t()) for g in range(kv_heads)])   # [Hkv, G x T, D]
+        # The softmax's denominator as a product with a row of ones, by the same kernel over the same n
+        # (a plain sum's order depends on n): the bits of the column it was beside V before.
+        total = _matmul(weights.view(heads * length, n), _ones(n, weights))[:, :1]   # [H x T, 1]
+        result = summed.view(heads * length, dim) / total.clamp_min_(torch.finfo(total.dtype).tiny)
         out[b] = result.view(heads, length, dim).transpose(0, 1)
     return out, None
 
 
 _memo = threading.local()
-_CROSS_MAX_ROWS = 16
 
 
-def _own_group(product: torch.Tensor, groups: int, width: int) -> torch.Tensor:
-    """[G x rows, G x width] every group's rows against every group's columns -> [G, rows, width],
-    each group's rows against its own columns (the diagonal blocks)."""
-    blocks = product.view(groups, product.shape[0] // groups, groups, width)
-    return blocks.diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+def _ones(n: int, like: torch.Tensor) -> torch.Tensor:
+    """Two [n] rows of ones (N = 1 takes another kernel), kept per thread for the last n: every layer
+    of a forward pass asks for the same one."""
+    ones = getattr(_memo, "ones", None)
+    if ones is None or ones.shape[1] != n or ones.dtype != like.dtype:
+        ones = _memo.ones = torch.ones(2, n, dtype=like.dtype)
+    return ones
 
 
 def _layout(mask: torch.Tensor | None, b: int, length: int, keys: int) -> tuple[int, torch.Tensor]:
