@@ -20,9 +20,9 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                     + f"{r['greedy_acceptance_k4']:.2f} | "
                     f"{r['sampled_token_acceptance']:.2f} | {r['sampled_committed_per_step_k4']:.2f} |")
     nodes, depth, branch = SERVED_TREE
-    tree_note = (f" The tree column is what the EAGLE drafters serve by default: a draft tree of {nodes} nodes "
-                 f"(depth {depth}, {branch} children per expanded node; docs/distill.md, \"Draft trees\")."
-                 if tree else "")
+    tree_note = (f" The tree column is a draft tree of {nodes} nodes (k = {nodes}, like the other columns), grown as "
+                 f"the EAGLE drafters grow theirs by default (depth {depth}, {branch} children per expanded node; "
+                 f"docs/distill.md, \"Draft trees\")." if tree else "")
     tree_head, tree_rule = (" committed/step tree k=4 |", " --- |") if tree else ("", "")
     phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
     # What the training data hold (a --max-train-batches budget keeps the greedy batches, which come first).
