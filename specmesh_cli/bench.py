@@ -26,6 +26,9 @@ log = logging.getLogger("specmesh.bench")
 DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "spec_bench_questions.jsonl"
 
 
+DEFAULT_CONFIGS = "default"   # --configs: what a request that names no drafter and no k gets
+
+
 def add_arguments(p) -> None:
     p.add_argument("--addr", default=None, help="a running orchestrator; default: start one (like `specmesh up`)")
     p.add_argument("--model", default=None, help="target model when starting services [SPECMESH_MODEL]")
@@ -38,7 +41,8 @@ def add_arguments(p) -> None:
     p.add_argument("--per-category", type=int, default=1, help="questions taken from each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
-                   help="speculative configurations DRAFTER:K, comma-separated (the k=0 baseline is always run); "
+                   help="speculative configurations DRAFTER[:K] (no K: the server's default k), comma-separated "
+                        "(the k=0 baseline is always run); "
                         f"{DEFAULT_CONFIGS!r}: what a request that names none gets (the server's default drafter "
                         "and k, from ListModels)")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -47,9 +51,6 @@ def add_arguments(p) -> None:
     p.add_argument("--no-chat", action="store_true", help="send the raw question instead of a chat turn")
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for json, csv and png")
     bench_peers.add_arguments(p)
-
-
-DEFAULT_CONFIGS = "default"
 
 
 def load_questions(path: Path, categories: list[str], per_category: int, ids: list[int]) -> list[dict]:
@@ -72,14 +73,14 @@ def load_questions(path: Path, categories: list[str], per_category: int, ids: li
 
 def parse_configs(text: str, default: tuple[str, int] | None = None) -> list[tuple[str, int]]:
     """"ngram:4,eagle:5" -> [("ngram", 4), ("eagle", 5)]; DEFAULT_CONFIGS (alone or in the list) is `default`,
-    the server's default drafter and k (skipped while unknown)."""
+    the server's default drafter and k (skipped while unknown); a drafter without :K gets the default's k."""
     configs = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         if item == DEFAULT_CONFIGS:
             configs += [default] if default and default[1] > 0 else []   # a default k of 0 is the baseline
             continue
         drafter, _, k = item.partition(":")
-        configs.append((drafter, int(k or 4)))
+        configs.append((drafter, int(k) if k else default[1] if default else 4))
     return configs
 
 

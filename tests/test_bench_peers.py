@@ -142,5 +142,5 @@ def test_default_config_is_what_a_request_naming_nothing_gets(tiny_cluster, tiny
     completion = tiny_client.generate("hello world, hello world, hello", max_new_tokens=8)
     assert (completion.drafter, completion.k) == (drafter, k)     # what the plain request ran with
     assert bench.parse_configs(bench.DEFAULT_CONFIGS, (drafter, k)) == [(drafter, k)]
-    assert bench.parse_configs("default,ngram:2", (drafter, k)) == [(drafter, k), ("ngram", 2)]
+    assert bench.parse_configs("default,ngram:2,eagle", (drafter, k)) == [(drafter, k), ("ngram", 2), ("eagle", k)]
     assert bench.parse_configs("default", ("ngram", 0)) == []      # a default k of 0 is the baseline itself
