@@ -23,7 +23,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
     tree_note = (f" The tree column is a draft tree of {nodes} nodes (k = {nodes}, like the other columns), grown as "
                  f"the EAGLE drafters grow theirs by default (depth {depth}, {branch} children per expanded node; "
                  f"docs/distill.md, \"Draft trees\")." if tree else "")
-    tree_head, tree_rule = (" committed/step tree k=4 |", " --- |") if tree else ("", "")
+    tree_head, tree_rule = (f" committed/step tree k={nodes} |", " --- |") if tree else ("", "")
     phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
     # What the training data hold (a --max-train-batches budget keeps the greedy batches, which come first).
     greedy_share = sum(e["temperature"] == 0 for e in data.train) / max(1, len(data.train))

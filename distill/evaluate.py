@@ -168,9 +168,10 @@ def eagle_sampled_rate(model: EagleDraft, target_to_draft, draft_to_target, exam
     return float(torch.minimum(p_top, q.gather(1, top_ids)).sum()), n
 
 
-# The draft tree an EAGLE drafter serves by default: (nodes k, depth, branch) at the orchestrator's default
-# k = 4 with the draft tier's tree_depth and tree_branch defaults (specmesh.config.DraftConfig, which this
-# module does not import: it would bring gRPC into a training run; tests/test_distill.py keeps them equal).
+# The card's draft tree: (nodes k, depth, branch) at k = 4, the k of the card's other columns (the
+# orchestrator's default k is 5), grown with the draft tier's tree_depth and tree_branch defaults
+# (specmesh.config.DraftConfig, which this module does not import: it would bring gRPC into a training
+# run; tests/test_distill.py keeps them equal).
 SERVED_TREE = (4, 3, 3)
 
 
