@@ -28,11 +28,11 @@ _FIELDS = {
     "max_completion_tokens": st.one_of(st.integers(-5, 4), _json_any),
     "temperature": st.one_of(st.floats(-3, 5, allow_nan=False), _json_any),
     "top_p": st.one_of(st.floats(-1, 2, allow_nan=False), _json_any),
-    "top_k": st.one_of(st.integers(-5, 100), _json_any),
+    "top_k": st.one_of(st.integers(-5, 100), st.integers(2 ** 31 - 2, 2 ** 40), _json_any),
     "seed": st.one_of(st.integers(-2 ** 65, 2 ** 65), _json_any),
     "stop": st.one_of(st.text(max_size=4), st.lists(st.text(max_size=4), max_size=5), _json_any),
     "n": st.one_of(st.integers(-2, 4), _json_any),
-    "k": st.one_of(st.integers(-3, 40), _json_any),
+    "k": st.one_of(st.integers(-3, 40), st.integers(2 ** 31 - 2, 2 ** 40), _json_any),
     "drafter": st.one_of(st.sampled_from(["ngram", "model", "nope", ""]), _json_any),
     "stream": st.one_of(st.booleans(), _json_any),
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), _json_any),
@@ -51,7 +51,10 @@ def _messages():
 
 
 def _prompt():
+    # Ids beyond the vocabulary, and beyond int32 (the wire's type), as integers and as whole floats.
+    beyond = st.one_of(st.integers(2 ** 31 - 2, 2 ** 40), st.integers(-2 ** 40, -2 ** 31 - 1))
     return st.one_of(st.text(max_size=30), st.lists(st.integers(-10, 70000), max_size=6),
+                     st.lists(st.one_of(st.integers(0, 100), beyond, beyond.map(float)), min_size=1, max_size=3),
                      st.lists(st.text(max_size=5), max_size=3), _json_any)
 
 

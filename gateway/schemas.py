@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
+# Token ids travel as int32 on the wire; the orchestrator checks them against the vocabulary.
+TokenId = Annotated[int, Field(ge=0, lt=2 ** 31)]
 
 
 class StreamOptions(BaseModel):
@@ -79,7 +81,7 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     # A string, or token ids of the target's tokenizer; a batch of one is unwrapped.
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None

@@ -115,7 +115,8 @@ def generate_request(req: ChatCompletionRequest | CompletionRequest, drafter_fro
     temperature = DEFAULT_TEMPERATURE if req.temperature is None else req.temperature
     msg = orchestrator_pb2.GenerateRequest(
         drafter=req.drafter or drafter_from_model, stop=stop_strings(req.stop),
-        sampling=sampling_pb2.SamplingParams(temperature=temperature, top_k=req.top_k or 0))
+        # A top_k beyond the vocabulary keeps every token, as does int32's largest.
+        sampling=sampling_pb2.SamplingParams(temperature=temperature, top_k=min(req.top_k or 0, 2 ** 31 - 1)))
     if isinstance(req, ChatCompletionRequest):
         msg.chat.messages.extend(chat_messages(req.messages))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -189,6 +189,20 @@ def test_edge_cases_get_4xx(stack, model):
     assert _wait_for(lambda: _cached_sessions(stack) == 0)
 
 
+def test_token_ids_beyond_int32_get_400_and_a_huge_top_k_keeps_every_token(stack, model):
+    # Token ids and top_k are int32 on the wire: what does not fit is the client's error (or, for
+    # top_k, means "no truncation"), never the gateway's 500.
+    url = f"{stack.http_url}/v1/completions"
+    for prompt in ([2 ** 31], [2147483648.0], [[1, 2 ** 40]], [-1]):
+        reply = httpx.post(url, timeout=60, json={"model": model, "prompt": prompt, "max_tokens": 1})
+        assert reply.status_code == 400, (prompt, reply.text)
+        assert reply.json()["error"]["param"].startswith("prompt"), (prompt, reply.text)
+    reply = httpx.post(url, timeout=60, json={"model": model, "prompt": [1, 2], "max_tokens": 2, "top_k": 2 ** 40,
+                                              "temperature": 1, "seed": 3})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 2
+
+
 def test_disconnect_mid_stream_releases_the_session(stack, model):
     """The client leaves after a few chunks of a 400-token stream: the gRPC call is cancelled, the
     orchestrator releases the caches on both replicas and the session's Redis keys."""
