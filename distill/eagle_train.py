@@ -13,6 +13,10 @@ position j the draft reads (x_j, f_{j-1}) and is trained so that its output h_j
 With `passes` = 2 each batch runs twice: the second pass reads the draft's
 first-pass outputs as its features (x_j, h_{j-1}), which is what the second and
 later draft tokens of a step see at serving time; both passes are trained.
+The passes weigh the same unless `first_pass_weight` gives the first its own
+share (the rest split what is left): the first pass trains the first draft
+position, where most accepted tokens are won, and an equal third pass cut its
+share from 1/2 to 1/3 (docs/distill.md).
 
 The draft's embedding and head are the target's rows and stay frozen: they are
 the teacher's head too.
@@ -73,12 +77,23 @@ def shifted(features: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
 
 
-def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool = False) -> Callable:
+def pass_weights(passes: int, first_pass_weight: float | None = None) -> list[float] | None:
+    """Each pass's weight in the loss; None: equal weights (the sum divided by `passes`)."""
+    if first_pass_weight is None or passes == 1:
+        return None
+    return [first_pass_weight] + [(1.0 - first_pass_weight) / (passes - 1)] * (passes - 1)
+
+
+def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool = False,
+               first_pass_weight: float | None = None) -> Callable:
     """batch -> (loss, stats) for `model` (EagleDraft); teacher_head [n_out, H]: the target's output rows.
 
     With `prompt_positions` the token loss covers the prompt's positions too: the target's distribution
     of the next token is in its feature there as much as in the answer, so the same generations give
-    more (and more varied) teaching positions; answers alone are what the draft is served on."""
+    more (and more varied) teaching positions; answers alone are what the draft is served on.
+    `first_pass_weight`: see the module docstring (None: every pass weighs 1 / passes)."""
+    weights = pass_weights(passes, first_pass_weight)
+
     def loss_of(model, batch):
         target = batch["features"]                                                   # [B, L, H]
         valid = batch["attention_mask"].bool()                                       # [B, L]
@@ -92,12 +107,14 @@ def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool =
             reg = F.smooth_l1_loss(hidden[valid], target[valid])
             logits = model.lm.lm_head(hidden[answer])[:, :-1]                        # [N, n_out]
             ce = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
-            total = total + REG_WEIGHT * reg + CE_WEIGHT * ce
+            term = REG_WEIGHT * reg + CE_WEIGHT * ce
+            total = total + (term if weights is None else weights[p] * term)
             with torch.no_grad():
                 acc = (logits.argmax(-1) == teacher.argmax(-1)).float().mean().item()
             stats.update({f"reg{p}": reg.item(), f"ce{p}": ce.item(), f"acc{p}": acc})
             prev = shifted(hidden.detach())
-        total = total / passes
+        if weights is None:   # the shipped drafts' sum, kept as it was so that they reproduce bit for bit
+            total = total / passes
         stats.update(loss=total.item(), acc=stats["acc0"])
         return total, stats
     return loss_of

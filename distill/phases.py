@@ -57,7 +57,9 @@ def train_key(args) -> str:
     key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
     if args.arch != "eagle":
         return key + f"-kd{args.kd_weight}"
-    return key + f"-eagle-p{args.passes}" + ("-pp" if getattr(args, "prompt_positions", False) else "")
+    first = getattr(args, "first_pass_weight", None)
+    return (key + f"-eagle-p{args.passes}" + (f"-w{first}" if first is not None else "")
+            + ("-pp" if getattr(args, "prompt_positions", False) else ""))
 
 
 def train(args, target, data: Data, work: Path, device: str):
@@ -89,7 +91,8 @@ def train(args, target, data: Data, work: Path, device: str):
         examples = eagle_train.make_examples(data.train, vocab_map.target_to_draft(), max_len=args.max_new_tokens + 512)
         rows = target.model.get_output_embeddings().weight.detach().float()[torch.tensor(draft_to_target)]
         options = dict(collate_fn=eagle_train.collate, loss_of=eagle_train.eagle_loss(args.passes, rows.to(device),
-                                                                                    args.prompt_positions),
+                                                                                    args.prompt_positions,
+                                                                                    getattr(args, "first_pass_weight", None)),
                        trainable=eagle_train.trainable)
     else:
         model = build_draft(target.model, draft_to_target, args.layers)

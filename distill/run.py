@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", type=int, default=DEFAULTS["passes"],
                    help="eagle: training passes per batch; pass 2 reads the draft's own features, as its second "
                         "and later draft tokens do")
+    p.add_argument("--first-pass-weight", type=float, default=None,
+                   help="eagle, with --passes >= 2: the first pass's share of the loss, the others splitting the "
+                        "rest equally (default: every pass weighs the same). The first pass trains the first "
+                        "draft position, where most accepted tokens are won")
     p.add_argument("--prompt-positions", action=argparse.BooleanOptionalAction, default=False,
                    help="eagle: teach the next-token distribution at the prompt's positions as well as the "
                         "answer's (the target's features hold it there too: more teaching from the same data)")
@@ -92,6 +96,11 @@ def check_arguments(args) -> None:
             problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.max_train_batches is not None and args.max_train_batches < 1:
         problems.append(f"--max-train-batches must be at least 1, got {args.max_train_batches}")
+    first = getattr(args, "first_pass_weight", None)
+    if first is not None and not 0.0 < first < 1.0:
+        problems.append(f"--first-pass-weight must be in (0, 1), got {first}")
+    if first is not None and (args.arch != "eagle" or args.passes < 2):
+        problems.append("--first-pass-weight needs --arch eagle and --passes 2 or more")
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be at least 1, got {args.threads}")
     if not 0.0 <= args.greedy_fraction <= 1.0:

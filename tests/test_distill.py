@@ -112,6 +112,8 @@ def test_loading_refuses_a_broken_map(distilled, tmp_path):
     (["--greedy-fraction", "1.5"], "--greedy-fraction must be in"),
     (["--vocab", "3"], "--vocab must be at least 16"),
     (["--target", "/no/such/model"], "does not exist"),
+    (["--arch", "eagle", "--passes", "3", "--first-pass-weight", "1.5"], "--first-pass-weight must be in (0, 1)"),
+    (["--arch", "eagle", "--passes", "1", "--first-pass-weight", "0.5"], "needs --arch eagle and --passes 2"),
 ])
 def test_bad_arguments_give_a_clear_message_and_no_output(tmp_path, tiny_models, capsys, argv, message):
     out = tmp_path / "out"
@@ -318,6 +320,31 @@ def test_eagle_prompt_positions_teach_the_prompt_too(eagle_distilled, tiny_model
     assert any(p.name.endswith("-pp") for p in work.iterdir())          # its own run over the same data
     assert "every position, prompt and answer" in (pp / "README.md").read_text()
     assert not torch.equal(load_file(pp / EAGLE_FILE)["fc.weight"], load_file(out / EAGLE_FILE)["fc.weight"])
+
+
+def test_first_pass_weight_weighs_the_passes(eagle_distilled, tiny_models):
+    """--first-pass-weight W: the loss is W x pass 1 + the other passes sharing 1 - W; without it, the
+    passes' mean, computed as before (the shipped drafts reproduce bit for bit)."""
+    from distill import eagle_train
+    from distill.generate import load_examples
+    from specmesh.eagle import load_eagle
+
+    assert eagle_train.pass_weights(3, 0.5) == [0.5, 0.25, 0.25]
+    assert eagle_train.pass_weights(2) is None and eagle_train.pass_weights(1, 0.5) is None
+    out, work = eagle_distilled
+    target = load_model(str(tiny_models["target"]))
+    draft = load_eagle(str(out), target=target.info)
+    raw = load_examples(sorted((work / "data" / "train").glob("shard-*.pt")))
+    batch = eagle_train.collate(eagle_train.make_examples(raw, draft.target_to_draft, max_len=64), "cpu")
+    head = draft.model.lm.lm_head.weight[:-1].detach().float()
+    with torch.no_grad():
+        equal, stats = eagle_train.eagle_loss(3, head)(draft.model, batch)
+        third, _ = eagle_train.eagle_loss(3, head, first_pass_weight=1 / 3)(draft.model, batch)
+        half, _ = eagle_train.eagle_loss(3, head, first_pass_weight=0.5)(draft.model, batch)
+    terms = [eagle_train.REG_WEIGHT * stats[f"reg{p}"] + eagle_train.CE_WEIGHT * stats[f"ce{p}"] for p in range(3)]
+    assert float(third) == pytest.approx(float(equal), rel=1e-5)
+    assert float(half) == pytest.approx(0.5 * terms[0] + 0.25 * (terms[1] + terms[2]), rel=1e-4)
+    assert float(half) != pytest.approx(float(equal), rel=1e-4)   # the tiny draft's passes differ
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
