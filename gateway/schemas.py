@@ -19,8 +19,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
+# The proto's int32 fields (token ids, k, top_k, max_new_tokens) hold at most this.
+INT32_MAX = 2 ** 31 - 1
 # Token ids travel as int32 on the wire; the orchestrator checks them against the vocabulary.
-TokenId = Annotated[int, Field(ge=0, lt=2 ** 31)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class StreamOptions(BaseModel):

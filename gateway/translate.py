@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.errors import APIError, invalid
-from gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported
+from gateway.schemas import INT32_MAX, ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported
 from specmesh.v1 import orchestrator_pb2, sampling_pb2
 
 # OpenAI's default temperature; a request that leaves it out samples, as it would at OpenAI.
@@ -116,7 +116,7 @@ def generate_request(req: ChatCompletionRequest | CompletionRequest, drafter_fro
     msg = orchestrator_pb2.GenerateRequest(
         drafter=req.drafter or drafter_from_model, stop=stop_strings(req.stop),
         # A top_k beyond the vocabulary keeps every token, as does int32's largest.
-        sampling=sampling_pb2.SamplingParams(temperature=temperature, top_k=min(req.top_k or 0, 2 ** 31 - 1)))
+        sampling=sampling_pb2.SamplingParams(temperature=temperature, top_k=min(req.top_k or 0, INT32_MAX)))
     if isinstance(req, ChatCompletionRequest):
         msg.chat.messages.extend(chat_messages(req.messages))
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -128,13 +128,13 @@ def generate_request(req: ChatCompletionRequest | CompletionRequest, drafter_fro
             msg.tokens.token_ids.extend(prompt)
         max_tokens = req.max_tokens
     if max_tokens is not None:
-        msg.max_new_tokens = min(max_tokens, 2 ** 31 - 1)
+        msg.max_new_tokens = min(max_tokens, INT32_MAX)
     if req.top_p is not None:
         msg.sampling.top_p = req.top_p
     if req.seed is not None:
         msg.seed = req.seed % 2 ** 64
     if req.k is not None:
-        msg.k = min(req.k, 2 ** 31 - 1)
+        msg.k = min(req.k, INT32_MAX)
     return msg
 
 
