@@ -125,10 +125,14 @@ def _layout(mask: torch.Tensor | None, b: int, length: int, keys: int) -> tuple[
     if getattr(_memo, "mask", None) is not mask or mask is None:
         _memo.mask, _memo.rows = mask, {}
     if b not in _memo.rows:
-        if mask is None:   # only a causal pattern: the queries are the last T positions
+        # No mask: only a causal pattern, the queries are the last T positions. Padded keys
+        # (specmesh.padded_cache) always come with one: _full_mask always makes it.
+        if mask is None:
             allowed = torch.arange(keys)[None] <= torch.arange(keys - length, keys)[:, None]
         else:
             allowed = mask[b, 0]                                                     # [T, L]
+            if allowed.shape[-1] < keys:   # keys padded past the sequence (specmesh.padded_cache): masked
+                allowed = torch.cat([allowed, allowed.new_zeros(length, keys - allowed.shape[-1])], dim=-1)
         # A batched pass left-pads shorter caches: drop the padding (no row attends to it) so that
         # key index == position. Only keys that no row may see are dropped, whatever the mask's pattern.
         seen = allowed.any(dim=0)

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from specmesh import engine_host, fingerprint, tree
 from specmesh.errors import CacheMiss, InvalidArgument
 from specmesh.models import cache_kwargs
+from specmesh.padded_cache import new_cache
 
 # Tokens per forward pass when feeding a long sequence (see KVSession.forward).
 PREFILL_CHUNK = 512
@@ -66,7 +67,7 @@ class KVSession(TokenHistory):
     def __init__(self, session_id: str, model):
         super().__init__(session_id)
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.cache = new_cache(model.config)
         # After a forward with features=True: (position of the first fed token, [fed, H] the model's last
         # hidden state after its final norm at every fed position), for a draft that reads them (EAGLE).
         self.fed_features: tuple[int, torch.Tensor] | None = None
@@ -138,7 +139,7 @@ class KVSession(TokenHistory):
 
     def replace_cache(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Install a cache built elsewhere (a batched forward): one (keys, values) pair per layer."""
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model.config)
         for index, (keys, values) in enumerate(layers):
             self.cache.update(keys, values, index)
 

@@ -12,7 +12,11 @@ draft proposes a tree unless its branch is 1.
 
 Cost: one Propose of k tokens after a ~300-token context, the way a session
 steps: sync two committed tokens (with features, for an EAGLE draft), then
-propose. Variants take turns round by round; the median is printed.
+propose. Variants take turns round by round; the median is printed. With
+--grow N the context grows N tokens a round, as a session's does, instead of
+rolling back to the same length, and with --unpadded each variant also runs on
+transformers' own KV cache: what the padded one (specmesh/padded_cache.py)
+saves shows only with a growing context.
 
 Acceptance (with --heldout, a `specmesh distill` work folder): the greedy
 committed tokens per step at k over its held-out answers, replayed as the
@@ -49,12 +53,13 @@ def load(draft: str, variant: str):
     return model.ModelDrafter.from_config(DraftConfig(draft_model=draft, **settings))
 
 
-def step(drafter, state, k: int, context: int) -> float:
+def step(drafter, state, k: int, context: int, grow: int = 0) -> float:
     """Sync two new committed tokens (a step's accepted + bonus), propose k; -> seconds of the propose.
-    Every step rolls back to the same context, whatever the drafter left in its state (a chain's drafts
-    or none, for a tree), so every variant and round drafts at the same length."""
-    start = context - 2
-    tail = [11, 12]
+    Every step rolls back to the context, whatever the drafter left in its state (a chain's drafts
+    or none, for a tree), grown by `grow` tokens since the last, so every variant drafts at the same
+    length in a round."""
+    start = context - 2 - grow
+    tail = [11 + i % 50 for i in range(2 + grow)]
     if getattr(drafter, "uses_target_features", False):
         state.sync(start, tail, None, torch.randn(len(tail), drafter.feature_dim))
     else:
@@ -99,15 +104,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1, help="the draft tier's default")
     parser.add_argument("--heldout", default=None, help="a distill work folder: also measure acceptance")
+    parser.add_argument("--grow", type=int, default=0, help="tokens the context grows each round (0: fixed)")
+    parser.add_argument("--unpadded", action="store_true",
+                        help="also run each variant on transformers' KV cache instead of the padded one")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not is_distilled_draft(resolve_draft(args.draft)):
         raise SystemExit(f"{args.draft}: not a distilled or EAGLE draft folder (draft_head_tokens applies to those)")
 
     variants = {}
-    for v in args.variants.split(","):
-        drafter = load(args.draft, v)
+    for v in [f"{v}{suffix}" for v in args.variants.split(",") for suffix in ("", " unpadded")[:1 + args.unpadded]]:
+        drafter = load(args.draft, v.split()[0])
         state = drafter.new_state(v)
+        if v.endswith(" unpadded"):
+            from transformers import DynamicCache
+
+            state.cache = DynamicCache(config=drafter.model.config)
         context = list(range(1000, 1000 + args.context))
         if getattr(drafter, "uses_target_features", False):
             state.sync(0, context, None, torch.randn(len(context), drafter.feature_dim))
@@ -116,14 +128,16 @@ def main() -> None:
         drafter.propose(state, args.k, SamplingParams(), 0, 8)
         variants[v] = (drafter, state, [])
         print(f"loaded {v}", flush=True)
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for v, (drafter, state, times) in variants.items():
-            times.append(step(drafter, state, args.k, args.context))
+            times.append(step(drafter, state, args.k, args.context + (r + 1) * args.grow, args.grow))
     base = statistics.median(next(iter(variants.values()))[2])
-    print(f"\none Propose of k = {args.k} after {args.context} tokens, {args.threads} thread(s), median of {args.rounds}:")
+    grown = f" (growing {args.grow} a round to {args.context + args.rounds * args.grow})" if args.grow else ""
+    print(f"\none Propose of k = {args.k} after {args.context} tokens{grown}, {args.threads} thread(s), "
+          f"median of {args.rounds}:")
     for v, (drafter, _, times) in variants.items():
         m = statistics.median(times)
-        line = f"  {v:<18} {m * 1e3:6.1f} ms  ({m / base:.2f}x)"
+        line = f"  {v:<27} {m * 1e3:6.1f} ms  ({m / base:.2f}x)"
         if args.heldout:
             shape = tree_shape(drafter, args.k)
             what = f"tree of {args.k}, depth {shape[0]}, branch {shape[1]}" if shape else f"chain of {args.k}"

@@ -8,6 +8,12 @@ pre-packed one (specmesh.fast_linear) and the batch-invariant one
 (specmesh.invariant, the verifier's default), interleaved round by round so a
 noisy machine slows every variant alike; prints medians and ratios, and the
 largest logit difference between the variants.
+
+With --grow N the context grows N tokens a round, as a session's does, instead
+of rolling back to the same length: oneDNN then meets a new attention shape
+every round unless the cache pads its keys (specmesh/padded_cache.py, which
+every variant on the batch-invariant attention uses; `batch-invariant-unpadded`
+is the same model on transformers' own cache, to measure what padding saves).
 """
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ import statistics
 import time
 
 import torch
+
+from transformers import DynamicCache
 
 from specmesh import fast_linear, invariant
 from specmesh.kv import KVSession
@@ -29,7 +37,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--sizes", default="1,2,3,5,9")
-    parser.add_argument("--variants", default="stock,packed,batch-invariant")
+    parser.add_argument("--variants", default="stock,packed,batch-invariant",
+                        help="stock, packed, packed-all, batch-invariant, batch-invariant-unpadded")
+    parser.add_argument("--grow", type=int, default=0, help="tokens the context grows each round (0: fixed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -40,7 +50,7 @@ def main() -> None:
         started = time.monotonic()
         if name.startswith("packed"):
             fast_linear.pack_linears(model)
-        if name == "batch-invariant":
+        if name.startswith("batch-invariant"):
             invariant.make_batch_invariant(model)
         if name == "packed-all":   # oneDNN for single rows too, to show why M = 1 keeps F.linear
             for module in model.modules():
@@ -51,18 +61,23 @@ def main() -> None:
 
     gen = torch.Generator().manual_seed(0)
     vocab = next(iter(variants.values())).config.vocab_size
-    context = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
+    context = torch.randint(0, vocab, (args.context + args.grow * (args.rounds + 4),), generator=gen).tolist()
     extra = torch.randint(0, vocab, (max(sizes) - 1,), generator=gen).tolist()
-    sessions = {}
+    sessions, committed = {}, {}
     for name, model in variants.items():
         s = KVSession(name, model)
-        s.sync(0, context)
+        if name.endswith("-unpadded"):
+            s.cache = DynamicCache(config=model.config)
+        s.sync(0, context[:args.context])
         s.forward()
-        sessions[name] = s
+        sessions[name], committed[name] = s, args.context
+    length = args.context
 
     def run(name: str, t: int) -> tuple[float, torch.Tensor]:
         s = sessions[name]
-        s.sync(args.context, [])       # roll back to the context: the last context token is fed again
+        # Roll back to the context (the last context token is fed again), grown to `length`.
+        s.sync(committed[name], context[committed[name]:length])
+        committed[name] = length
         began = time.perf_counter()
         logits = s.forward(extra[:t - 1])
         return time.perf_counter() - began, logits
@@ -78,23 +93,27 @@ def main() -> None:
 
     times = {(n, t): [] for n in variants for t in sizes}
     for _ in range(3):                 # warm-up
+        length += args.grow
         for n in variants:
             for t in sizes:
                 run(n, t)
     for r in range(args.rounds):
+        length += args.grow
         for t in sizes:
             for n in variants:
                 times[(n, t)].append(run(n, t)[0])
     base1 = statistics.median(times[(next(iter(variants)), 1)])
-    print(f"\nthreads={args.threads} context={args.context} rounds={args.rounds} (median ms; ratio to own T=1; ratio to stock T=1)")
-    print("variant      " + "".join(f"{'T=' + str(t):>22}" for t in sizes))
+    grown = f", growing {args.grow} a round to {length}" if args.grow else ""
+    print(f"\nthreads={args.threads} context={args.context}{grown} rounds={args.rounds} "
+          "(median ms; ratio to own T=1; ratio to the first variant's T=1)")
+    print(f"{'variant':<27}" + "".join(f"{'T=' + str(t):>22}" for t in sizes))
     for n in variants:
         one = statistics.median(times[(n, 1)])
         cells = []
         for t in sizes:
             m = statistics.median(times[(n, t)])
             cells.append(f"{m * 1e3:8.1f} {m / one:5.2f}x {m / base1:5.2f}x")
-        print(f"{n:<12} " + "".join(f"{c:>22}" for c in cells))
+        print(f"{n:<26} " + "".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":

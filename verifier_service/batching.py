@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
-from transformers import DynamicCache
 
 from specmesh import telemetry, tree
 from specmesh.engine_host import Caller, EngineHost, caller
 from specmesh.errors import ResourceExhausted
 from specmesh.kv import KVSession
 from specmesh.models import cache_kwargs, custom_attention_mask
+from specmesh.padded_cache import new_cache
 
 
 @torch.inference_mode()
@@ -78,7 +78,7 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
         mask[i, 0, :len(feed), past:past + len(feed)] = allowed
     if trees:
         mask = custom_attention_mask(model, mask)
-    batch_cache = DynamicCache(config=model.config)
+    batch_cache = new_cache(model.config)
     for layer in range(len(sessions[0].cache.layers) if past else 0):
         keys, values = [], []
         for s, length in zip(sessions, lengths):

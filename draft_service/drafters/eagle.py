@@ -18,7 +18,6 @@ import functools
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
 
 from specmesh import engine_host
 from specmesh.config import DraftConfig
@@ -27,6 +26,7 @@ from specmesh.drafts import resolve_draft
 from specmesh.eagle import grow_tree, load_eagle
 from specmesh.fast_linear import apply_kernels
 from specmesh.kv import PREFILL_CHUNK, TokenHistory, tensor_bytes
+from specmesh.padded_cache import new_cache
 from specmesh.proposal import DraftProposal
 from specmesh.sampling import SamplingParams, process_logits
 from specmesh.speculative import draft_token
@@ -42,7 +42,7 @@ class EagleState(TokenHistory):
         self.target_to_draft = draft.target_to_draft                  # [V_target] int64
         # prev_features[j] = f_{j-1}, the feature position j reads (zeros for j = 0); wire precision.
         self.prev_features = torch.zeros(0, self.model.hidden_size, dtype=torch.float16)   # [committed, H]
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model.config)
         self.real_len = 0       # leading cache entries computed from real features; the rest are drafts'
 
     def sync(self, start: int, tail: Sequence[int], prefix_fingerprint: int | None = None,
