@@ -156,6 +156,8 @@ class Cluster:
             # torch threads that outnumber free cores spin against each other and a step
             # can take tens of times longer.
             env["SPECMESH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 2) - 1))
+            # Except while it reads a prompt: the draft waits for that prompt's features, so every core is free.
+            env.setdefault("SPECMESH_PREFILL_THREADS", str(os.cpu_count() or 1))
         out: IO | None = None
         log_path = None
         if self.log_dir is not None:

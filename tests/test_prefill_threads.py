@@ -1,0 +1,75 @@
+"""prefill_threads (verifier): a prompt is read on more torch threads than a step runs on, and nothing
+it computes changes: its features, and the sampled scores of the steps after it, keep their bits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specmesh import kv
+from specmesh.config import VerifierConfig
+from specmesh.fast_linear import apply_kernels
+from specmesh.models import load_model
+from specmesh.proposal import DraftProposal
+from specmesh.sampling import SamplingParams
+from verifier_service.engine import TargetEngine, VerifyCall
+
+PROMPT = [(7 * i + 3) % 97 for i in range(150)]
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(tiny_models, prefill_threads: int, monkeypatch) -> tuple[torch.Tensor, list, list[int]]:
+    """(the prompt's features, the scores of three sampled steps after it, the thread counts forward saw)."""
+    loaded = load_model(str(tiny_models["target"]))
+    apply_kernels(loaded.model, "packed", batch_invariant=True)
+    engine = TargetEngine(loaded, VerifierConfig(prefill_threads=prefill_threads))
+    seen: list[int] = []
+    forward = kv.KVSession.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(kv.KVSession, "forward", spy)
+    vocab = loaded.info.vocab_size
+    prompt = [t % vocab for t in PROMPT]
+    _, features = engine.prefill("s", prompt, features=True)
+    drafts = [DraftProposal.point_mass(t % vocab) for t in (5, 8, 13)]
+    scores, n = [], len(prompt)
+    for step in range(3):
+        verified = engine.verify_batch([VerifyCall("s", n, [11 + step], drafts, SamplingParams(temperature=0.8),
+                                                   seed=3)])[0]
+        scores.append(verified.scores)
+        n += 1
+    return features, scores, seen
+
+
+def test_a_prompt_read_on_two_threads_gives_the_bits_of_one_and_steps_keep_their_threads(
+        tiny_models, monkeypatch, one_thread):
+    features, scores, seen = _run(tiny_models, 2, monkeypatch)
+    assert seen == [2, 1, 1, 1]                     # the prefill on 2 threads, each step on the 1 it had
+    assert torch.get_num_threads() == 1
+    same_features, same_scores, seen_one = _run(tiny_models, 0, monkeypatch)
+    assert seen_one == [1, 1, 1, 1]                 # 0: the torch threads the verifier runs with
+    assert torch.equal(features, same_features)
+    assert scores == same_scores
+
+
+def test_the_threads_come_back_when_reading_the_prompt_fails(tiny_models, monkeypatch, one_thread):
+    loaded = load_model(str(tiny_models["target"]))
+    engine = TargetEngine(loaded, VerifierConfig(prefill_threads=2))
+
+    def abandoned(self, *args, **kwargs):          # the caller went away mid-prompt (engine_host.Abandoned)
+        assert torch.get_num_threads() == 2
+        raise RuntimeError("stopped mid-prompt")
+
+    monkeypatch.setattr(kv.KVSession, "forward", abandoned)
+    with pytest.raises(RuntimeError, match="mid-prompt"):
+        engine.prefill("s", [1, 2, 3])
+    assert torch.get_num_threads() == 1
