@@ -9,8 +9,12 @@ Each orchestrator `step` span is split into the draft model's time
 (`engine.propose` in the draft service), the target's (`engine.verify_batch`
 in the verifier) and the rest (gRPC, (de)serialization, the accept rule, the
 Redis commit, queueing): the service overhead of the cost model in
-docs/benchmarks.md. Traces are matched to the bench's own rows in order
-(the first trace is the bench's untimed warm-up request).
+docs/benchmarks.md. That rest is an upper bound: the services run traced
+here, and the tracing's interceptors and span export cost a speculative step
+a few milliseconds of their own. `python -m tools.rpc_cost` measures an RPC's
+cost untraced (0.15 ms beyond a bare gRPC call on the AMD EPYC build machine).
+Traces are matched to the bench's own rows in order (the first trace is the
+bench's untimed warm-up request).
 """
 from __future__ import annotations
 
