@@ -239,7 +239,7 @@ def _up(args, exit_after_demo: bool = False) -> int:
 
 def _demo(address: str, prompt: str, max_new_tokens: int) -> None:
     """Stream one chat answer through the whole stack, then its stats."""
-    from specmesh.client import Completion, build_request
+    from specmesh.client import Client, Completion, build_request
 
     print(f"\n> {prompt}\n", flush=True)
     completion = Completion()
