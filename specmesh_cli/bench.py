@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -144,6 +145,7 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
                 rows.append({"question_id": q["question_id"], "category": q["category"],
                              "config": "target-only" if k == 0 else f"{drafter}:k={k}", "drafter": drafter, "k": k,
                              "committed_tokens": s.committed_tokens, "elapsed_s": s.elapsed_s,
+                             "ttft_s": s.time_to_first_token_s if s.committed_tokens else None,
                              "tokens_per_second": s.tokens_per_second, "steps": s.steps,
                              "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
                              "acceptance_rate": s.acceptance_rate, "committed_per_step": s.committed_per_step,
@@ -188,8 +190,20 @@ def _run_peers(peers, q: dict, baseline, args) -> list[dict]:
     return rows
 
 
+def latency(runs: list[dict]) -> tuple[float | None, float | None]:
+    """(median time to first token, time per output token after the first), in ms, as vLLM's
+    benchmarks report them; None where the runs do not record a first token (the in-process peers)."""
+    timed = [r for r in runs if r.get("ttft_s") is not None]
+    if not timed or len(timed) < len(runs):
+        return None, None
+    after = sum(r["committed_tokens"] - 1 for r in timed)
+    tpot = 1000 * sum(r["elapsed_s"] - r["ttft_s"] for r in timed) / after if after > 0 else None
+    return 1000 * statistics.median(r["ttft_s"] for r in timed), tpot
+
+
 def summarize(rows: list[dict], configs: list[tuple[str, int]]) -> list[dict]:
-    """Per category and overall: tokens/s of each config and its speedup over target-only."""
+    """Per category and overall: tokens/s of each config and its speedup over target-only, and the
+    latencies users compare with other servers (time to first token, time per output token)."""
     by = defaultdict(list)
     for r in rows:
         by[(r["category"], r["config"])].append(r)
@@ -199,13 +213,17 @@ def summarize(rows: list[dict], configs: list[tuple[str, int]]) -> list[dict]:
     for cat in categories:
         base = by[(cat, "target-only")]
         base_tps = sum(r["committed_tokens"] for r in base) / sum(r["elapsed_s"] for r in base)
+        base_ttft, base_tpot = latency(base)
         for name in [c for c in dict.fromkeys(r["config"] for r in rows) if c != "target-only"]:
             spec = by[(cat, name)]
             tps = sum(r["committed_tokens"] for r in spec) / sum(r["elapsed_s"] for r in spec)
             drafted = sum(r["draft_tokens"] for r in spec)
+            ttft, tpot = latency(spec)
             summary.append({"category": cat, "config": name, "prompts": len(spec),
                             "target_only_tokens_per_second": base_tps, "tokens_per_second": tps,
                             "speedup": tps / base_tps,
+                            "target_only_ttft_p50_ms": base_ttft, "target_only_tpot_ms": base_tpot,
+                            "ttft_p50_ms": ttft, "tpot_ms": tpot,
                             "acceptance_rate": sum(r["accepted_tokens"] for r in spec) / drafted if drafted else 0.0,
                             "committed_per_step": sum(r["committed_tokens"] for r in spec)
                             / max(1, sum(r["steps"] for r in spec)),
@@ -222,17 +240,27 @@ def report(rows: list[dict], configs: list[tuple[str, int]], out: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     header = (f"{'category':<15}{'config':<17}{'prompts':>8}{'base tok/s':>11}{'spec tok/s':>11}{'speedup':>9}"
-              f"{'accept':>8}{'tok/step':>9}  same output")
+              f"{'accept':>8}{'tok/step':>9}{'ttft ms':>9}{'tpot ms':>9}  same output")
     print(header)
     print("-" * len(header))
+    category = None
     for s in summary:
+        if s["category"] != category:   # the category's target-only row first: its tok/s and latencies
+            category = s["category"]
+            print(f"{category:<15}{'target-only':<17}{'':>8}{'':>11}{s['target_only_tokens_per_second']:>11.1f}"
+                  f"{1:>8.2f}x{'':>8}{1:>9.2f}{_ms(s['target_only_ttft_p50_ms'])}{_ms(s['target_only_tpot_ms'])}")
         print(f"{s['category']:<15}{s['config']:<17}{s['prompts']:>8}{s['target_only_tokens_per_second']:>11.1f}"
               f"{s['tokens_per_second']:>11.1f}{s['speedup']:>8.2f}x{s['acceptance_rate']:>8.2f}"
-              f"{s['committed_per_step']:>9.2f}  {'yes' if s['outputs_equal_target_only'] else 'NO'}")
+              f"{s['committed_per_step']:>9.2f}{_ms(s['ttft_p50_ms'])}{_ms(s['tpot_ms'])}  "
+              f"{'yes' if s['outputs_equal_target_only'] else 'NO'}")
     for line in bench_peers.comparison_lines(summary):
         print(line)
     plot(summary, out / "speedup.png")
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'speedup.png'}")
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:>9.1f}" if value is not None else f"{'-':>9}"
 
 
 def plot(summary: list[dict], path: Path) -> None:

@@ -48,7 +48,22 @@ def test_peers_run_interleaved_and_match_greedy_output(tiny_cluster, bench_args,
     for category in ("writing", "coding", "overall"):
         assert {s["config"] for s in summary if s["category"] == category} >= {*peer_configs, "model:k=3"}
     assert "hf:lookup" in printed and "best setting" in printed
+    # Our paths report the latencies servers are compared by; the in-process peers have no first token.
+    ours = [s for s in summary if not s["config"].startswith("hf:")]
+    assert all(s["ttft_p50_ms"] > 0 and s["tpot_ms"] > 0 and s["target_only_tpot_ms"] > 0 for s in ours)
+    assert all(s["ttft_p50_ms"] is None and s["tpot_ms"] is None for s in summary if s["config"].startswith("hf:"))
+    assert "ttft ms" in printed and "tpot ms" in printed
     assert (bench_args.out / "speedup.png").stat().st_size > 0
+
+
+def test_latency_is_the_median_first_token_and_the_time_per_token_after_it():
+    runs = [{"committed_tokens": 11, "elapsed_s": 1.2, "ttft_s": 0.2},
+            {"committed_tokens": 21, "elapsed_s": 2.5, "ttft_s": 0.5},
+            {"committed_tokens": 1, "elapsed_s": 0.4, "ttft_s": 0.4}]
+    ttft, tpot = bench.latency(runs)
+    assert ttft == pytest.approx(400.0)                       # the median of 200, 500, 400 ms
+    assert tpot == pytest.approx(1000 * (1.0 + 2.0 + 0.0) / (10 + 20 + 0))
+    assert bench.latency(runs + [{"committed_tokens": 5, "elapsed_s": 1.0, "ttft_s": None}]) == (None, None)
 
 
 def test_a_draft_of_another_vocabulary_is_skipped_with_the_reason(tiny_models):
