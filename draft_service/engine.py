@@ -80,7 +80,11 @@ class DraftEngine:
             self.sessions.put(session_id, session)   # only once valid: a bad call evicts no one
         else:
             session.state.sync(start, tail, prefix_fingerprint, **extra)
-        proposals = drafter.propose(session.state, k, params, seed, top_n) if k else []
+        if k:
+            proposals = drafter.propose(session.state, k, params, seed, top_n)
+        else:   # a sync and a read ahead of the next Propose
+            drafter.read(session.state)
+            proposals = []
         self.sessions.trim(keep=session_id)
         return proposals, len(session.state.tokens)
 

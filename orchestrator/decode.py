@@ -268,12 +268,27 @@ class Decoder:
         generated = start - len(req.prompt_ids)
         # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
         k = min(req.k, req.max_new_tokens - generated - 1)
-        if s.feature_dim and s.prefill is not None and k > 0:   # the first Propose needs the prompt's features
+        reading = None
+        if s.feature_dim and s.prefill is not None and k > 0:
+            # A feature drafter must read the whole prompt, with the target's features of it, before it can
+            # draft. Rather than make the first token wait for that read, a draft and a (k + 1)-token Verify,
+            # this step verifies no draft tokens while the draft reads the prompt beside it (a Propose of 0):
+            # the first token comes when target-only's would, and the next Propose syncs one token.
             s.verifier, s.prefill = await s.prefill, None
+            reading, k = asyncio.ensure_future(self._propose(s, 0)), 0
         proposals, draft_len, parents = await self._propose(s, k) if k > 0 else ([], 0, [])
         if s.prefill is not None:
             s.verifier, s.prefill = await s.prefill, None
-        scores, verifier_len, fed = await self._verify(s, proposals, parents)
+        try:
+            scores, verifier_len, fed = await self._verify(s, proposals, parents)
+            if reading is not None:
+                await reading
+                s.draft.cached_len = start   # it fed every committed token with the target's features
+        finally:
+            if reading is not None and not reading.done():
+                reading.cancel()   # the Verify failed: the step fails, and the read is no use
+            elif reading is not None and not reading.cancelled():
+                reading.exception()   # retrieved: when both failed, the Verify's error is the one raised
         tokens = [p.token_id for p in proposals]
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_ACCEPT):
             result = accept_tree(tokens, parents, scores, req.seed, start) if parents \

@@ -104,6 +104,25 @@ def test_incremental_syncs_propose_what_a_fresh_feed_proposes(eagle):
     assert state.cache.get_seq_length() == start
 
 
+def test_a_read_ahead_caches_the_prompt_and_changes_no_proposal(eagle):
+    """A Propose of 0 (read) feeds the synced tokens now; the next Propose, one token later, drafts
+    what a state fed everything at once drafts."""
+    target, folder = eagle
+    drafter = EagleDrafter(load_eagle(str(folder), target=target.info))
+    tokens = target.tokenizer.encode("a prompt the draft reads while the first Verify runs, then drafts")
+    feats = before(features_of(target, tokens))
+    params, n = SamplingParams(), len(tokens) - 1
+    state = drafter.new_state("read")
+    state.sync(0, tokens[:n], features=feats[:n])
+    drafter.read(state)
+    assert state.real_len == n and state.cache.get_seq_length() == n
+    state.sync(n, tokens[n:], None, features=feats[n:])
+    fresh = drafter.new_state("fresh")
+    fresh.sync(0, tokens, features=feats)
+    got, want = drafter.propose(state, 4, params, 0, top_n=8), drafter.propose(fresh, 4, params, 0, top_n=8)
+    assert [p.token_id for p in got] == [p.token_id for p in want]
+
+
 @pytest.mark.parametrize("invariant", [False, True], ids=["stock", "batch-invariant"])
 def test_a_tree_grows_each_node_from_its_own_path(eagle, invariant):
     """grow_tree feeds a layer of nodes in one pass under a tree mask: every node's children are the
@@ -265,6 +284,19 @@ def test_greedy_output_is_the_targets(cluster, drafter):
             assert got.stats.draft_tokens > 0
             accepted += got.stats.accepted_tokens
     assert accepted > 0      # accepted draft positions happened, so their features were re-synced
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "eagle-hybrid"])
+def test_the_first_token_waits_for_no_draft(cluster, drafter):
+    """A feature drafter's first step verifies no draft tokens while the draft reads the prompt: the
+    first token comes as target-only's does, and drafting starts with the second step."""
+    with Client(cluster.address) as client:
+        reference = client.generate(PROMPTS[2], k=0, **GREEDY)
+        chunks = [c for c in client.stream(build_request(PROMPTS[2], k=4, drafter=drafter, **GREEDY))
+                  if c.token_ids]
+    assert len(chunks[0].token_ids) == 1 and chunks[0].step.draft_tokens == 0
+    assert chunks[1].step.draft_tokens > 0
+    assert [t for c in chunks for t in c.token_ids] == reference.token_ids
 
 
 def test_killing_a_draft_replica_mid_stream_keeps_the_output(cluster, redis_url):

@@ -49,3 +49,8 @@ class Drafter(ABC):
         Draft token i sits at absolute position len(state.tokens) before it is
         appended; sample it with that position so a seeded session reproduces.
         """
+
+    def read(self, state: TokenHistory) -> None:
+        """A Propose of 0 tokens: read the synced tokens now, so that the next Propose only drafts.
+        Only a drafter whose read is real work does anything (EAGLE: a prompt with its features,
+        read while the orchestrator's first Verify runs)."""

@@ -129,6 +129,9 @@ class EagleDrafter(Drafter):
         """(depth, branch) of the draft tree a Propose of k grows, or None: it proposes a chain."""
         return (min(k, self.tree_depth), self.tree_branch) if self.tree_branch > 1 and k > 1 else None
 
+    def read(self, state: EagleState) -> None:
+        state.feed_committed()
+
     def propose(self, state: EagleState, k: int, params: SamplingParams, seed: int,
                 top_n: int) -> list[DraftProposal]:
         logits, hidden = state.feed_committed()              # [n_out + 1], [H]: predicts position len(tokens)

@@ -76,6 +76,9 @@ class EagleHybridDrafter(Drafter):
     def new_state(self, session_id: str):
         return self.eagle.new_state(session_id)
 
+    def read(self, state) -> None:
+        self.eagle.read(state)
+
     def propose(self, state, k: int, params: SamplingParams, seed: int, top_n: int) -> list[DraftProposal]:
         continuation = lookup(state.tokens, k, self.ngram, self.ngram)
         if continuation:
