@@ -142,7 +142,8 @@ class VerifierConfig(ServiceSettings):
     max_batch: int = setting(16, "most Verify calls sharing one forward pass; 1 disables batching")
     torch_threads: int = setting(0, "torch intra-op threads; 0: torch's default (every core)")
     prefill_threads: int = setting(
-        0, "torch intra-op threads while reading a prompt (Prefill): where the tiers share a machine the draft "
+        0, "torch intra-op threads while reading a prompt (Prefill, or a Verify that rebuilds a lost cache of "
+           "64+ tokens): where the tiers share a machine the draft "
            "idles then, waiting for the prompt's features, so the prompt can use every core (`specmesh up` sets "
            "it so: the first token came 30-40% sooner); the logits are the same bits; 0: torch_threads")
     linear_kernels: str = setting(

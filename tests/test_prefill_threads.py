@@ -61,6 +61,35 @@ def test_a_prompt_read_on_two_threads_gives_the_bits_of_one_and_steps_keep_their
     assert scores == same_scores
 
 
+def test_a_verify_that_rebuilds_a_lost_cache_reads_on_the_prefill_threads(tiny_models, monkeypatch, one_thread):
+    """A replica that never saw the session (start = 0: failover, eviction) reads the whole prompt inside
+    the Verify: on the prefill's threads, with the scores of a replica that read it on one."""
+    results = {}
+    for threads in (2, 0):
+        loaded = load_model(str(tiny_models["target"]))
+        apply_kernels(loaded.model, "packed", batch_invariant=True)
+        engine = TargetEngine(loaded, VerifierConfig(prefill_threads=threads))
+        seen: list[int] = []
+        forward = kv.KVSession.forward
+
+        def spy(self, *args, **kwargs):
+            seen.append(torch.get_num_threads())
+            return forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(kv.KVSession, "forward", spy)
+        vocab = loaded.info.vocab_size
+        prompt = [t % vocab for t in PROMPT]
+        drafts = [DraftProposal.point_mass(t % vocab) for t in (5, 8, 13)]
+        params = SamplingParams(temperature=0.8)
+        rebuilt = engine.verify_batch([VerifyCall("s", 0, prompt, drafts, params, seed=3)])[0]
+        step = engine.verify_batch([VerifyCall("s", len(prompt), [11], drafts, params, seed=3)])[0]
+        monkeypatch.setattr(kv.KVSession, "forward", forward)
+        results[threads] = (seen, rebuilt.scores, step.scores)
+        assert torch.get_num_threads() == 1
+    assert results[2][0] == [2, 1] and results[0][0] == [1, 1]   # the rebuild on 2, the next step on 1
+    assert results[2][1:] == results[0][1:]
+
+
 def test_the_threads_come_back_when_reading_the_prompt_fails(tiny_models, monkeypatch, one_thread):
     loaded = load_model(str(tiny_models["target"]))
     engine = TargetEngine(loaded, VerifierConfig(prefill_threads=2))

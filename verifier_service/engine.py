@@ -53,6 +53,11 @@ class Verified:
     features: torch.Tensor | None = None    # [fed, H] from position features_start on
 
 
+# Uncached tokens in one Verify from which it is a cache rebuild (a step syncs a handful); the
+# prefill_threads help in specmesh/config.py names it.
+REBUILD_TOKENS = 64
+
+
 class TargetEngine:
     def __init__(self, loaded: LoadedModel, config: VerifierConfig):
         self.model = loaded.model
@@ -104,8 +109,12 @@ class TargetEngine:
             sessions = [session for _, session, _ in ready]
             first_positions = [len(session.tokens) for session in sessions]   # position of draft token 0
             drafts = [[d.token_id for d in call.proposals] for _, _, call in ready]
-            rows = batched_forward(self.model, sessions, drafts, [call.return_features for _, _, call in ready],
-                                   [call.parents or None for _, _, call in ready])  # each [k_i + 1, V]
+            # A Verify that rebuilds a lost cache (failover, eviction) reads a prompt's worth of tokens: it
+            # gets the prefill's threads too, for this pass only.
+            rebuild = max(len(session.tokens) - session.cached_len for session in sessions) >= REBUILD_TOKENS
+            with torch_threads(self.prefill_threads if rebuild else 0):
+                rows = batched_forward(self.model, sessions, drafts, [call.return_features for _, _, call in ready],
+                                       [call.parents or None for _, _, call in ready])  # each [k_i + 1, V]
             for (i, session, call), logits, position in zip(ready, rows, first_positions):
                 fed, session.fed_features = session.fed_features, None
                 try:
