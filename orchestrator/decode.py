@@ -113,6 +113,7 @@ class _Stream:
     draft: Handle
     verifier: Handle
     prefill: asyncio.Future | None = None                   # the target reading the prompt
+    reading: asyncio.Future | None = None                   # a feature drafter reading it (Decoder._read)
     steps: int = 0
     # Every replica a call for this session was sent to, answered or not: all are released at the end
     # (a call in flight when the client left may still have built a cache there).
@@ -248,10 +249,11 @@ class Decoder:
             keep_record = error.code == grpc.StatusCode.UNAVAILABLE
             raise
         finally:
-            if s.prefill is not None:   # the loop failed before using it
-                s.prefill.cancel()
-                if s.prefill.done() and not s.prefill.cancelled():
-                    s.prefill.exception()   # retrieved: asyncio would otherwise log it as lost
+            for task in (s.prefill, s.reading):   # the loop ended (or failed) before using it
+                if task is not None:
+                    task.cancel()
+                    if task.done() and not task.cancelled():
+                        task.exception()   # retrieved: asyncio would otherwise log it as lost
             telemetry.record_request_end(req.drafter, ended, stats.elapsed_s,
                                          stats.time_to_first_token_s if stats.first_token_at else None,
                                          stats.committed_tokens)
@@ -268,27 +270,20 @@ class Decoder:
         generated = start - len(req.prompt_ids)
         # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
         k = min(req.k, req.max_new_tokens - generated - 1)
-        reading = None
         if s.feature_dim and s.prefill is not None and k > 0:
             # A feature drafter must read the whole prompt, with the target's features of it, before it can
             # draft. Rather than make the first token wait for that read, a draft and a (k + 1)-token Verify,
-            # this step verifies no draft tokens while the draft reads the prompt beside it (a Propose of 0):
-            # the first token comes when target-only's would, and the next Propose syncs one token.
+            # this step verifies no draft tokens while the draft reads the prompt beside it: the first token
+            # comes when target-only's would, and the next Propose, which waits for the read, syncs one token.
             s.verifier, s.prefill = await s.prefill, None
-            reading, k = asyncio.ensure_future(self._propose(s, 0)), 0
+            s.reading, k = asyncio.ensure_future(self._read(s, start)), 0
+        if s.reading is not None and k > 0:
+            reading, s.reading = s.reading, None
+            await reading
         proposals, draft_len, parents = await self._propose(s, k) if k > 0 else ([], 0, [])
         if s.prefill is not None:
             s.verifier, s.prefill = await s.prefill, None
-        try:
-            scores, verifier_len, fed = await self._verify(s, proposals, parents)
-            if reading is not None:
-                await reading
-                s.draft.cached_len = start   # it fed every committed token with the target's features
-        finally:
-            if reading is not None and not reading.done():
-                reading.cancel()   # the Verify failed: the step fails, and the read is no use
-            elif reading is not None and not reading.cancelled():
-                reading.exception()   # retrieved: when both failed, the Verify's error is the one raised
+        scores, verifier_len, fed = await self._verify(s, proposals, parents)
         tokens = [p.token_id for p in proposals]
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_ACCEPT):
             result = accept_tree(tokens, parents, scores, req.seed, start) if parents \
@@ -366,6 +361,11 @@ class Decoder:
         size = 2 * s.feature_dim
         zeros = bytes(size) if start == 0 else b""
         return zeros + bytes(s.features[max(0, start - 1) * size:(len(s.committed) - 1) * size])
+
+    async def _read(self, s: _Stream, start: int) -> None:
+        """A Propose of 0: the draft syncs the `start` committed tokens and reads them now."""
+        await self._propose(s, 0)
+        s.draft.cached_len = start   # it fed every one with the target's features
 
     async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int, list[int]]:
         """The draft's proposals, as messages (they go to the verifier as they are), its cached length, and
