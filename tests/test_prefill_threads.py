@@ -24,20 +24,27 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _run(tiny_models, prefill_threads: int, monkeypatch) -> tuple[torch.Tensor, list, list[int]]:
-    """(the prompt's features, the scores of three sampled steps after it, the thread counts forward saw)."""
+_FORWARD = kv.KVSession.forward
+
+
+def _spied_engine(tiny_models, prefill_threads: int, monkeypatch) -> tuple[TargetEngine, list[int], int]:
+    """(a verifier engine on the tiny target, the thread counts its forward passes see, the vocabulary size)."""
     loaded = load_model(str(tiny_models["target"]))
     apply_kernels(loaded.model, "packed", batch_invariant=True)
     engine = TargetEngine(loaded, VerifierConfig(prefill_threads=prefill_threads))
     seen: list[int] = []
-    forward = kv.KVSession.forward
 
     def spy(self, *args, **kwargs):
         seen.append(torch.get_num_threads())
-        return forward(self, *args, **kwargs)
+        return _FORWARD(self, *args, **kwargs)
 
     monkeypatch.setattr(kv.KVSession, "forward", spy)
-    vocab = loaded.info.vocab_size
+    return engine, seen, loaded.info.vocab_size
+
+
+def _run(tiny_models, prefill_threads: int, monkeypatch) -> tuple[torch.Tensor, list, list[int]]:
+    """(the prompt's features, the scores of three sampled steps after it, the thread counts forward saw)."""
+    engine, seen, vocab = _spied_engine(tiny_models, prefill_threads, monkeypatch)
     prompt = [t % vocab for t in PROMPT]
     _, features = engine.prefill("s", prompt, features=True)
     drafts = [DraftProposal.point_mass(t % vocab) for t in (5, 8, 13)]
@@ -66,24 +73,12 @@ def test_a_verify_that_rebuilds_a_lost_cache_reads_on_the_prefill_threads(tiny_m
     the Verify: on the prefill's threads, with the scores of a replica that read it on one."""
     results = {}
     for threads in (2, 0):
-        loaded = load_model(str(tiny_models["target"]))
-        apply_kernels(loaded.model, "packed", batch_invariant=True)
-        engine = TargetEngine(loaded, VerifierConfig(prefill_threads=threads))
-        seen: list[int] = []
-        forward = kv.KVSession.forward
-
-        def spy(self, *args, **kwargs):
-            seen.append(torch.get_num_threads())
-            return forward(self, *args, **kwargs)
-
-        monkeypatch.setattr(kv.KVSession, "forward", spy)
-        vocab = loaded.info.vocab_size
+        engine, seen, vocab = _spied_engine(tiny_models, threads, monkeypatch)
         prompt = [t % vocab for t in PROMPT]
         drafts = [DraftProposal.point_mass(t % vocab) for t in (5, 8, 13)]
         params = SamplingParams(temperature=0.8)
         rebuilt = engine.verify_batch([VerifyCall("s", 0, prompt, drafts, params, seed=3)])[0]
         step = engine.verify_batch([VerifyCall("s", len(prompt), [11], drafts, params, seed=3)])[0]
-        monkeypatch.setattr(kv.KVSession, "forward", forward)
         results[threads] = (seen, rebuilt.scores, step.scores)
         assert torch.get_num_threads() == 1
     assert results[2][0] == [2, 1] and results[0][0] == [1, 1]   # the rebuild on 2, the next step on 1
