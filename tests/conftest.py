@@ -6,6 +6,7 @@ separate processes once and is shared by every test that asks for it.
 from __future__ import annotations
 
 import os
+import signal
 
 import grpc
 import pytest
@@ -83,3 +84,20 @@ def status_of(call) -> grpc.StatusCode:
     except grpc.RpcError as error:
         return error.code()
     return grpc.StatusCode.OK
+
+
+def stream_through_a_kill(cluster, request, after_tokens: int = 20) -> list[int]:
+    """Stream `request` on a cluster of two or more orchestrators, SIGKILL the one driving it once
+    `after_tokens` arrived (the client resumes it on another), start that one again; -> every token."""
+    tokens, killed = [], False
+    with Client(cluster.target) as client:   # pick_first: the stream goes to the first, which is killed
+        for chunk in client.stream(request):
+            assert chunk.offset == len(tokens)
+            tokens += chunk.token_ids
+            if len(tokens) >= after_tokens and not killed:
+                cluster.stop_tier("orchestrator", signal.SIGKILL)
+                killed = True
+    cluster.start_tier("orchestrator")   # back for the next case
+    cluster.wait()
+    assert killed
+    return tokens

@@ -30,6 +30,7 @@ from specmesh.sampling import SamplingParams
 from specmesh.v1 import cache_pb2, draft_pb2, draft_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
+from tests.conftest import stream_through_a_kill
 from tests.test_failover import _handles
 from verifier_service.engine import TargetEngine, VerifyCall
 
@@ -324,17 +325,7 @@ def test_resume_on_another_orchestrator_keeps_the_output(cluster):
     options = dict(k=3, drafter="eagle", **{**GREEDY, "max_new_tokens": 150})
     with Client(f"localhost:{cluster.orchestrator_ports[1]}") as client:
         reference = client.generate("resume me please", k=0, **{**GREEDY, "max_new_tokens": 150})
-    tokens, killed = [], False
-    with Client(cluster.target) as client:   # pick_first: the stream goes to the first, which is killed
-        for chunk in client.stream(build_request("resume me please", **options)):
-            assert chunk.offset == len(tokens)
-            tokens += chunk.token_ids
-            if len(tokens) >= 20 and not killed:
-                cluster.stop_tier("orchestrator", signal.SIGKILL)
-                killed = True
-    cluster.start_tier("orchestrator")
-    cluster.wait()
-    assert killed
+    tokens = stream_through_a_kill(cluster, build_request("resume me please", **options))
     assert tokens == reference.token_ids
 
 

@@ -3,7 +3,6 @@ is continued by another from the Redis record, token for token; two
 orchestrators racing for one session never both commit."""
 from __future__ import annotations
 
-import signal
 import threading
 
 import grpc
@@ -13,6 +12,7 @@ from specmesh.client import Client, build_request
 from specmesh.v1 import orchestrator_pb2
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
+from tests.conftest import stream_through_a_kill
 
 REQUEST = dict(max_new_tokens=200, k=3, drafter="model")
 
@@ -32,17 +32,8 @@ def test_kill_9_of_the_orchestrator_mid_stream_then_resume_on_another(two_orches
     with Client(f"localhost:{cluster.orchestrator_ports[1]}") as client:
         reference = client.generate("resume me please", temperature=temperature, seed=seed, **REQUEST)
     # The client's channel knows both; pick_first sends the stream to the first, which is then killed.
-    tokens, killed = [], False
-    with Client(cluster.target) as client:
-        for chunk in client.stream(build_request("resume me please", temperature=temperature, seed=seed, **REQUEST)):
-            assert chunk.offset == len(tokens)
-            tokens += chunk.token_ids
-            if len(tokens) >= 20 and not killed:
-                cluster.stop_tier("orchestrator", signal.SIGKILL)
-                killed = True
-    cluster.start_tier("orchestrator")   # back for the next case
-    cluster.wait()
-    assert killed
+    tokens = stream_through_a_kill(cluster, build_request("resume me please", temperature=temperature, seed=seed,
+                                                          **REQUEST))
     assert tokens == reference.token_ids
 
 
