@@ -16,7 +16,6 @@ from typing import AsyncIterator, Sequence
 
 import grpc
 
-from orchestrator.pacing import Pacer
 from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
 from orchestrator.sessions import Fenced, Handle, SessionLost, SessionStore
@@ -126,7 +125,6 @@ class _Stream:
     # position but the last, whose feature comes with the next Verify. 0 / empty for other drafters.
     feature_dim: int = 0
     features: bytearray = field(default_factory=bytearray)
-    pacer: Pacer = field(default_factory=lambda: Pacer(0.0))   # which steps draft (orchestrator.pacing)
 
 
 class Decoder:
@@ -134,8 +132,7 @@ class Decoder:
 
     def __init__(self, sessions: SessionStore, drafts: ReplicaPool, verifiers: ReplicaPool, tokenizer,
                  eos_token_ids: set[int], draft_top_n: int, rpc_timeout_s: float,
-                 rpc_timeout_s_per_1k_tokens: float = 30.0, feature_drafters: dict[str, int] | None = None,
-                 draft_step_cost: float = 0.0):
+                 rpc_timeout_s_per_1k_tokens: float = 30.0, feature_drafters: dict[str, int] | None = None):
         self.sessions, self.drafts, self.verifiers = sessions, drafts, verifiers
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -144,7 +141,6 @@ class Decoder:
         self.rpc_timeout_s_per_1k_tokens = rpc_timeout_s_per_1k_tokens
         # Drafters that read the target's features (DrafterInfo.uses_target_features) -> feature_dim.
         self.feature_drafters = feature_drafters or {}
-        self.draft_step_cost = draft_step_cost    # orchestrator.pacing; <= 1: every step drafts
 
     async def run(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
         """A new session: steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
@@ -152,7 +148,7 @@ class Decoder:
         await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed, owner=owner)
         s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), PrefixFingerprints(req.prompt_ids),
                     Handle(cache_id=req.session_id), Handle(cache_id=req.session_id), owner=owner,
-                    feature_dim=self._feature_dim(req), pacer=Pacer(self.draft_step_cost))
+                    feature_dim=self._feature_dim(req))
         # The target reads the prompt during the first Propose (a feature drafter's waits for its features).
         s.prefill = asyncio.ensure_future(self._prefill(s))
         async for chunk in self._drive(s, offset=0):
@@ -183,7 +179,7 @@ class Decoder:
             raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         s = _Stream(req, wire.sampling_to_pb(req.params), list(record.tokens), PrefixFingerprints(record.tokens),
                     record.draft_handle, record.verifier_handle, steps=record.step, lease=lease, owner=record.owner,
-                    feature_dim=self._feature_dim(req), pacer=Pacer.restore(self.draft_step_cost, record.pace))
+                    feature_dim=self._feature_dim(req))
         # Its driver may have died after committing the last step, before ending it: then nothing is left
         # to decode (a step past an EOS would invent tokens), only the caches it left to release.
         s.touched = {(tier, h.replica) for tier, h in (("draft", s.draft), ("verifier", s.verifier)) if h.replica}
@@ -273,7 +269,7 @@ class Decoder:
         req, start = s.req, len(s.committed)
         generated = start - len(req.prompt_ids)
         # Never draft past max_new_tokens: all k accepted plus a bonus is k + 1 tokens.
-        k = s.pacer.k(min(req.k, req.max_new_tokens - generated - 1))   # 0 while its drafts do not pay
+        k = min(req.k, req.max_new_tokens - generated - 1)
         if s.feature_dim and s.prefill is not None and k > 0:
             # A feature drafter must read the whole prompt, with the target's features of it, before it can
             # draft. Rather than make the first token wait for that read, a draft and a (k + 1)-token Verify,
@@ -292,7 +288,6 @@ class Decoder:
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_ACCEPT):
             result = accept_tree(tokens, parents, scores, req.seed, start) if parents \
                 else accept(tokens, wire.draft_probs(proposals), scores, req.seed, start)
-        s.pacer.observe(len(proposals), len(result.tokens))
         # The replicas also hold the draft tokens; only the accepted prefix of them stays valid. Of a tree,
         # the verifier holds the first chain (nodes 0, 1, ...) and keeps the rest of the accepted path itself
         # when the next sync continues it (specmesh.kv.KVSession._place_tree).
@@ -313,13 +308,13 @@ class Decoder:
         with telemetry.tracer().start_as_current_span(telemetry.SPAN_COMMIT):
             try:
                 status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier,
-                                                    s.lease, s.pacer.state())
+                                                    s.lease)
             except SessionLost:   # Redis came back empty: this stream holds everything the record held
                 log.warning("session record lost (Redis restarted without its data?); writing it again")
                 await self.sessions.create(req.session_id, s.committed, _params_record(req), req.seed,
                                            prompt_len=len(req.prompt_ids), lease=s.lease, owner=s.owner)
                 status = await self.sessions.commit(req.session_id, start, committed, s.steps, s.draft, s.verifier,
-                                                    s.lease, s.pacer.state())
+                                                    s.lease)
         if status == "cancelled":   # Redis kept nothing of this step: neither does the client
             committed, finish = [], "cancelled"
         s.committed += committed

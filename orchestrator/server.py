@@ -112,8 +112,7 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
         default_drafter=default_drafter, default_k=config.default_k, max_k=servicer.limits.max_k)
     eos = set(info.eos_token_ids) | {t for v in verifier_infos for t in v.eos_token_ids}
     servicer.decoder = Decoder(sessions, drafts, verifiers, tokenizer, eos, config.draft_top_n, config.rpc_timeout_s,
-                               config.rpc_timeout_s_per_1k_tokens, feature_drafters(draft_infos),
-                               config.draft_step_cost)
+                               config.rpc_timeout_s_per_1k_tokens, feature_drafters(draft_infos))
     await sessions.client.ping()
 
 

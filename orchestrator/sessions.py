@@ -55,7 +55,7 @@ if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[7] then return -4 end
 if redis.call('HGET', KEYS[1], 'status') == 'cancelled' then return -2 end
 if redis.call('STRLEN', KEYS[2]) ~= 4 * tonumber(ARGV[2]) then return -3 end
 local length = redis.call('APPEND', KEYS[2], ARGV[3]) / 4
-redis.call('HSET', KEYS[1], 'step', ARGV[4], 'draft_handle', ARGV[5], 'verifier_handle', ARGV[6], 'pace', ARGV[8])
+redis.call('HSET', KEYS[1], 'step', ARGV[4], 'draft_handle', ARGV[5], 'verifier_handle', ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 return length
@@ -120,7 +120,6 @@ class SessionRecord:
     ttl_s: int
     owner: str = ""          # the caller that created it (auth.caller_id), "" without authentication
     finish_reason: str = ""  # set once finished (status "finished"): how its stream ended
-    pace: str = ""           # its drafting schedule after the last step (orchestrator.pacing); "" before one
 
 
 class SessionLost(NotFound):
@@ -201,13 +200,11 @@ class SessionStore:
 
     @_unavailable_when_down
     async def commit(self, session_id: str, expected_len: int, new_tokens: list[int], step: int,
-                     draft: Handle, verifier: Handle, lease: int = 1, pace: str = "") -> str:
-        """Append a step's committed tokens if `lease` is still the session's; "running" or "cancelled".
-        `pace`: its drafting schedule after this step (orchestrator.pacing), so a resume drafts where the
-        stream would have."""
+                     draft: Handle, verifier: Handle, lease: int = 1) -> str:
+        """Append a step's committed tokens if `lease` is still the session's; "running" or "cancelled"."""
         result = await self._commit(keys=self.keys(session_id),
                                     args=[self.ttl_s, expected_len, pack(new_tokens), step,
-                                          draft.to_json(), verifier.to_json(), lease, pace])
+                                          draft.to_json(), verifier.to_json(), lease])
         if result == -4:
             raise Fenced(f"session {session_id} was taken over by another orchestrator (resumed)")
         if result == -1:
@@ -251,7 +248,7 @@ class SessionStore:
                              status=f["status"].decode(), draft_handle=Handle.from_json(f["draft_handle"]),
                              verifier_handle=Handle.from_json(f["verifier_handle"]), ttl_s=int(ttl),
                              owner=f.get("owner", b"").decode(),
-                             finish_reason=f.get("finish_reason", b"").decode(), pace=f.get("pace", b"").decode())
+                             finish_reason=f.get("finish_reason", b"").decode())
 
     @_unavailable_when_down
     async def release(self, session_id: str) -> bool:

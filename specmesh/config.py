@@ -190,12 +190,6 @@ class OrchestratorConfig(ServiceSettings):
            "a 5-token one does on an AVX2 CPU, and the default draft tree grows 5 nodes for the draft passes "
            "of 4 (docs/distill.md: 2% faster than k = 4 in each of three Spec-Bench runs)")
     max_k: int = setting(8, "most draft tokens per step a request may ask for")
-    draft_step_cost: float = setting(
-        1.3, "a drafted step's time in plain target steps (orchestrator/pacing.py): a session whose drafted steps "
-             "commit fewer tokens than this, on a running mean, decodes plain steps for a while (4, then up to 32) "
-             "before it drafts again, so drafts that keep missing cost little; the output is the target's either "
-             "way. 1.3: the default drafter on a 2-core CPU (docs/distill.md); about 1.1 where the verify is "
-             "free (a GPU); <= 1: every step drafts")
     default_max_new_tokens: int = setting(128, "max_new_tokens for a request that sets none")
     default_drafter: str = setting("", "the drafter for a request that names none; empty: the draft tier's default")
     draft_top_n: int = setting(
