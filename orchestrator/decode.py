@@ -273,10 +273,15 @@ class Decoder:
         if s.feature_dim and s.prefill is not None and k > 0:
             # A feature drafter must read the whole prompt, with the target's features of it, before it can
             # draft. Rather than make the first token wait for that read, a draft and a (k + 1)-token Verify,
-            # this step verifies no draft tokens while the draft reads the prompt beside it: the first token
-            # comes when target-only's would, and the next Propose, which waits for the read, syncs one token.
+            # a session's first step verifies no draft tokens while the draft reads the prompt beside it: the
+            # first token comes when target-only's would, and the next Propose, which waits for the read,
+            # syncs one token. A resumed session past its first step drafts now (awaiting the read below):
+            # a plain step samples with other draws than a drafted one, so only drafting where the stream
+            # it continues did keeps its sampled tokens.
             s.verifier, s.prefill = await s.prefill, None
-            s.reading, k = asyncio.ensure_future(self._read(s, start)), 0
+            s.reading = asyncio.ensure_future(self._read(s, start))
+            if generated == 0:
+                k = 0
         if s.reading is not None and k > 0:
             reading, s.reading = s.reading, None
             await reading

@@ -86,12 +86,15 @@ def status_of(call) -> grpc.StatusCode:
     return grpc.StatusCode.OK
 
 
-def stream_through_a_kill(cluster, request, after_tokens: int = 20) -> list[int]:
+def stream_through_a_kill(cluster, request, after_tokens: int = 20, chunks: list | None = None) -> list[int]:
     """Stream `request` on a cluster of two or more orchestrators, SIGKILL the one driving it once
-    `after_tokens` arrived (the client resumes it on another), start that one again; -> every token."""
+    `after_tokens` arrived (the client resumes it on another), start that one again; -> every token
+    (and every chunk into `chunks`)."""
     tokens, killed = [], False
     with Client(cluster.target) as client:   # pick_first: the stream goes to the first, which is killed
         for chunk in client.stream(request):
+            if chunks is not None:
+                chunks.append(chunk)
             assert chunk.offset == len(tokens)
             tokens += chunk.token_ids
             if len(tokens) >= after_tokens and not killed:

@@ -329,6 +329,22 @@ def test_resume_on_another_orchestrator_keeps_the_output(cluster):
     assert tokens == reference.token_ids
 
 
+@pytest.mark.parametrize("drafter", ["eagle", "eagle-hybrid"])
+def test_a_sampled_session_resumed_on_another_orchestrator_keeps_its_tokens(cluster, drafter):
+    """Sampled tokens depend on what was drafted at each position (a plain step samples with other
+    draws): the resumed stream drafts where the uninterrupted one did. Only a session's first step
+    verifies no drafts; the resumed stream's first step drafts, after the draft read the prompt."""
+    options = dict(k=3, drafter=drafter, max_new_tokens=120, temperature=0.9, seed=31)
+    with Client(f"localhost:{cluster.orchestrator_ports[1]}") as client:
+        reference = client.generate("resume me sampled", **options)
+    chunks: list = []
+    assert stream_through_a_kill(cluster, build_request("resume me sampled", **options),
+                                 chunks=chunks) == reference.token_ids
+    steps = [c for c in chunks if c.step.bonus or c.step.recovered]     # not the replay of a resume
+    assert len(steps) > 20 and steps[0].step.draft_tokens == 0
+    assert all(c.step.draft_tokens > 0 for c in steps[1:-1])    # the last may have no room for drafts
+
+
 def test_an_eagle_draft_for_a_target_of_another_width_is_refused(eagle, tmp_path, redis_url):
     """Same vocabulary, other hidden size: the orchestrator refuses at start-up, naming both widths."""
     from tests.tiny_models import build_tiny_model
