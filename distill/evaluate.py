@@ -75,13 +75,15 @@ def sampled_rate(model, target_to_draft, draft_to_target, example: dict, tempera
 
 
 @torch.inference_mode()
-def _eagle_replay(model: EagleDraft, target_to_draft: torch.Tensor, example: dict, draft) -> int:
+def eagle_replay(model: EagleDraft, target_to_draft: torch.Tensor, example: dict, draft,
+                 observe=None) -> int:
     """Speculative steps needed to commit the example's answer with an EAGLE draft. Committed positions
     read the target's features (the example's); each step, `draft(logits, hidden, cache, position)` drafts
     from the draft's output at the last committed one and returns (target ids, parents: a chain or a tree,
     specmesh.tree). The step accepts the nodes that follow the answer down from the root, commits them
     plus one target token, and drops the drafted positions from the cache (they are fed again with real
-    features)."""
+    features). `observe(accepted, next_token)`, if given, hears each step's outcome while the answer goes on
+    past the accepted drafts (tools/outcome_guess.py)."""
     device = target_to_draft.device
     prompt, answer = list(example["prompt_ids"]), list(example["response_ids"])
     features = example["features"].float().to(device)                                # [L - 1, H]
@@ -103,6 +105,8 @@ def _eagle_replay(model: EagleDraft, target_to_draft: torch.Tensor, example: dic
             if child is None:
                 break
             node, accepted = child, accepted + 1
+        if observe is not None and position + accepted < len(answer):
+            observe(accepted, answer[position + accepted])
         take = min(accepted + 1, len(answer) - position)      # the accepted tokens + one target token
         committed.extend(answer[position:position + take])
         position += take
@@ -129,7 +133,7 @@ def eagle_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_t
                 logits, hidden = out[0, -1], feature[0, -1]
         return drafted, list(range(-1, k - 1))
 
-    return _eagle_replay(model, target_to_draft, example, chain)
+    return eagle_replay(model, target_to_draft, example, chain)
 
 
 def eagle_tree_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor,
@@ -146,7 +150,7 @@ def eagle_tree_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, dr
         ids = draft_to_target[torch.tensor(drafted, dtype=torch.long, device=device)].tolist() if drafted else []
         return ids, parents
 
-    return _eagle_replay(model, target_to_draft, example, grow)
+    return eagle_replay(model, target_to_draft, example, grow)
 
 
 @torch.inference_mode()

@@ -275,13 +275,14 @@ class Decoder:
             # draft. Rather than make the first token wait for that read, a draft and a (k + 1)-token Verify,
             # a session's first step verifies no draft tokens while the draft reads the prompt beside it: the
             # first token comes when target-only's would, and the next Propose, which waits for the read,
-            # syncs one token. A resumed session past its first step drafts now (awaiting the read below):
-            # a plain step samples with other draws than a drafted one, so only drafting where the stream
-            # it continues did keeps its sampled tokens.
+            # syncs one token. A resumed session past its first step reads, then drafts, now:
+            # a plain step samples with other draws than a drafted one, so drafting where the stream it
+            # continues did keeps its schedule, and with it its sampled tokens, by construction.
             s.verifier, s.prefill = await s.prefill, None
-            s.reading = asyncio.ensure_future(self._read(s, start))
             if generated == 0:
-                k = 0
+                s.reading, k = asyncio.ensure_future(self._read(s, start)), 0
+            else:
+                await self._read(s, start)
         if s.reading is not None and k > 0:
             reading, s.reading = s.reading, None
             await reading

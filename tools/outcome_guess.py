@@ -16,8 +16,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
-
+from distill.evaluate import eagle_replay
 from distill.generate import load_examples
 from specmesh.distilled import cut_head
 from specmesh.drafts import resolve_draft
@@ -57,37 +56,25 @@ def likeliest_outcomes(drafted: list[int], probs: list, per_length: int) -> list
 
 @torch.inference_mode()
 def measure(draft, examples: list[dict], k: int, tops: list[int]) -> tuple[int, dict[int, int], list[int]]:
+    """Replay the chain over every example (distill.evaluate's EAGLE replay); -> (steps whose answer went
+    on past the accepted drafts, hits per number of outcomes prepared, steps per accepted length)."""
     model, t2d, d2t = draft.model, draft.target_to_draft, draft.draft_to_target
-    hits, steps, accepted_lengths = {n: 0 for n in tops}, 0, [0] * (k + 1)
+    hits, accepted_lengths = {n: 0 for n in tops}, [0] * (k + 1)
+    ranked: list = []
+
+    def chain(logits, hidden, cache, position):
+        drafted, probs = chain_probs(model, cache, logits, hidden, k)
+        ranked[:] = likeliest_outcomes(drafted, probs, max(tops))
+        return d2t[torch.tensor(drafted, dtype=torch.long)].tolist(), list(range(-1, k - 1))
+
+    def observe(accepted: int, target_next: int) -> None:
+        accepted_lengths[accepted] += 1
+        for n in tops:
+            hits[n] += any(j == accepted and int(d2t[t]) == target_next for _, j, t in ranked[:n])
+
     for example in examples:
-        prompt, answer = list(example["prompt_ids"]), list(example["response_ids"])
-        features = example["features"].float()
-        before = torch.cat([torch.zeros(1, features.shape[1]), features])      # f_{j-1} for position j
-        cache, committed, fed, position = DynamicCache(config=model.config), list(prompt), 0, 0
-        while position < len(answer):
-            n = len(committed)
-            logits, hidden = model(t2d[torch.tensor([committed[fed:n]])], before[fed:n][None], cache=cache,
-                                   logits_rows=1)
-            fed = n
-            drafted, probs = chain_probs(model, cache, logits[0, -1], hidden[0, -1], k)
-            accepted = 0
-            while accepted < k and position + accepted < len(answer) \
-                    and int(d2t[drafted[accepted]]) == answer[position + accepted]:
-                accepted += 1
-            if position + accepted >= len(answer):
-                break                                   # the answer ended inside the chain: no next token
-            target_next = answer[position + accepted]
-            ranked = likeliest_outcomes(drafted, probs, max(tops))
-            for n in tops:
-                hits[n] += any(j == accepted and int(d2t[t]) == target_next for _, j, t in ranked[:n])
-            steps += 1
-            accepted_lengths[accepted] += 1
-            committed += answer[position:position + accepted + 1]
-            position += accepted + 1
-            excess = cache.get_seq_length() - fed
-            if excess > 0:
-                cache.crop(-excess)                     # the chain's stand-in entries; fed again for real
-    return steps, hits, accepted_lengths
+        eagle_replay(model, t2d, example, chain, observe)
+    return sum(accepted_lengths), hits, accepted_lengths
 
 
 def main(argv: list[str] | None = None) -> int:
