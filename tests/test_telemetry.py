@@ -148,6 +148,14 @@ def test_one_trace_spans_the_three_processes(observed):
                 assert engine["name"] == "engine.verify_batch" and engine["parent_span_id"] is None
                 assert engine["attributes"][telemetry.ATTR_BATCH_SIZE] == len(engine["links"]) == 1
             assert engine["attributes"][telemetry.ATTR_QUEUE_WAIT] >= 0
+
+    # A step begins, with its Propose, during the last step's commit (Decoder._propose_ahead): the draft
+    # works while Redis commits and the stream writes.
+    for before, after in zip(steps, steps[1:]):
+        if after["attributes"][telemetry.ATTR_K] > 0:
+            (commit,) = [c for c in children[before["span_id"]] if c["name"] == telemetry.SPAN_COMMIT]
+            (propose,) = [c for c in children[after["span_id"]] if c["name"] == PROPOSE]
+            assert before["start_ns"] < after["start_ns"] <= propose["start_ns"] < commit["end_ns"]
             assert engine["start_ns"] >= server["start_ns"] and engine["end_ns"] <= server["end_ns"]
 
     # Every span hangs off the Generate span: nothing is orphaned.
