@@ -40,7 +40,9 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                 f" + 0.2 x smooth L1 to its next feature, {args.passes} pass(es) per batch"
                 + (" (pass 2 reads the draft's own features, as its later draft tokens do)" if args.passes > 1 else "")
                 + (f", the first weighing {args.first_pass_weight:g} of the loss"
-                   if getattr(args, "first_pass_weight", None) is not None and args.passes > 1 else ""))
+                   if getattr(args, "first_pass_weight", None) is not None and args.passes > 1 else "")
+                + (f", the features read with uniform noise in [-{args.feature_noise:g}, {args.feature_noise:g}]"
+                   if getattr(args, "feature_noise", 0.0) else ""))
     else:
         what = f"A {args.layers}-layer draft over"
         serve = "Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh up --draft-model ...`)."

@@ -18,6 +18,13 @@ share (the rest split what is left): the first pass trains the first draft
 position, where most accepted tokens are won, and an equal third pass cut its
 share from 1/2 to 1/3 (docs/distill.md).
 
+With `feature_noise` = a, every pass reads its features with uniform noise in
+[-a, a] added (EAGLE's augmentation, which uses 0.1): at serving time the
+draft's later positions read its own imperfect stand-ins, and a draft that
+fits its training answers far better than held-out ones may generalise better
+when its inputs are not exact. The noise is drawn from (seed, step), so a run
+resumed from a checkpoint draws what the uninterrupted one did.
+
 The draft's embedding and head are the target's rows and stay frozen: they are
 the teacher's head too.
 """
@@ -85,13 +92,14 @@ def pass_weights(passes: int, first_pass_weight: float | None = None) -> list[fl
 
 
 def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool = False,
-               first_pass_weight: float | None = None) -> Callable:
+               first_pass_weight: float | None = None, feature_noise: float = 0.0, seed: int = 0) -> Callable:
     """batch -> (loss, stats) for `model` (EagleDraft); teacher_head [n_out, H]: the target's output rows.
 
     With `prompt_positions` the token loss covers the prompt's positions too: the target's distribution
     of the next token is in its feature there as much as in the answer, so the same generations give
     more (and more varied) teaching positions; answers alone are what the draft is served on.
-    `first_pass_weight`: see the module docstring (None: every pass weighs 1 / passes)."""
+    `first_pass_weight`, `feature_noise`: see the module docstring (None: every pass weighs 1 / passes;
+    0: no noise). Noise needs the batch's "step" (distill.train.train sets it)."""
     weights = pass_weights(passes, first_pass_weight)
 
     def loss_of(model, batch):
@@ -102,7 +110,12 @@ def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool =
             teacher = torch.softmax(target[answer] @ teacher_head.T, dim=-1)         # [N, n_out]
         prev = shifted(target)
         total, stats = 0.0, {}
+        noise = None
+        if feature_noise:
+            noise = torch.Generator(device=target.device).manual_seed(seed * 1_000_003 + batch["step"])
         for p in range(passes):
+            if noise is not None:
+                prev = prev + (2 * torch.rand(prev.shape, generator=noise, device=prev.device) - 1) * feature_noise
             _, hidden = model(batch["input_ids"], prev, attention_mask=batch["attention_mask"])   # [B, L, H]
             reg = F.smooth_l1_loss(hidden[valid], target[valid])
             logits = model.lm.lm_head(hidden[answer])[:, :-1]                        # [N, n_out]

@@ -59,7 +59,8 @@ def train_key(args) -> str:
         return key + f"-kd{args.kd_weight}"
     first = getattr(args, "first_pass_weight", None)
     return (key + f"-eagle-p{args.passes}" + (f"-w{first}" if first is not None else "")
-            + ("-pp" if getattr(args, "prompt_positions", False) else ""))
+            + ("-pp" if getattr(args, "prompt_positions", False) else "")
+            + (f"-n{args.feature_noise:g}" if getattr(args, "feature_noise", 0.0) else ""))
 
 
 def train(args, target, data: Data, work: Path, device: str):
@@ -92,7 +93,9 @@ def train(args, target, data: Data, work: Path, device: str):
         rows = target.model.get_output_embeddings().weight.detach().float()[torch.tensor(draft_to_target)]
         options = dict(collate_fn=eagle_train.collate, loss_of=eagle_train.eagle_loss(args.passes, rows.to(device),
                                                                                     args.prompt_positions,
-                                                                                    getattr(args, "first_pass_weight", None)),
+                                                                                    getattr(args, "first_pass_weight", None),
+                                                                                    getattr(args, "feature_noise", 0.0),
+                                                                                    args.seed),
                        trainable=eagle_train.trainable)
     else:
         model = build_draft(target.model, draft_to_target, args.layers)

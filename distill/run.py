@@ -68,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-positions", action=argparse.BooleanOptionalAction, default=False,
                    help="eagle: teach the next-token distribution at the prompt's positions as well as the "
                         "answer's (the target's features hold it there too: more teaching from the same data)")
+    p.add_argument("--feature-noise", type=float, default=0.0,
+                   help="eagle: add uniform noise in [-A, A] to the features the draft reads while training "
+                        "(EAGLE's augmentation uses 0.1; the features' own spread is ~1.9); 0: none")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps")
     p.add_argument("--train-batch-tokens", type=int, default=DEFAULTS["train_batch_tokens"],
                    help="tokens per optimizer step")
@@ -101,6 +104,11 @@ def check_arguments(args) -> None:
         problems.append(f"--first-pass-weight must be in (0, 1), got {first}")
     if first is not None and (args.arch != "eagle" or args.passes < 2):
         problems.append("--first-pass-weight needs --arch eagle and --passes 2 or more")
+    noise = getattr(args, "feature_noise", 0.0)
+    if noise < 0 or noise != noise:
+        problems.append(f"--feature-noise must be 0 or more, got {noise}")
+    if noise and args.arch != "eagle":
+        problems.append("--feature-noise needs --arch eagle")
     if args.threads is not None and args.threads < 1:
         problems.append(f"--threads must be at least 1, got {args.threads}")
     if not 0.0 <= args.greedy_fraction <= 1.0:

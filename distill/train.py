@@ -156,6 +156,7 @@ def train(model, examples: Sequence, *, steps: int, batch_tokens: int, lr: float
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         batch = collate_fn([examples[i] for i in plan[step]], device)
+        batch["step"] = step   # for a loss that draws noise: (seed, step) keeps a resumed run's draws
         loss, stats = loss_of(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

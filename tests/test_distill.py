@@ -114,6 +114,8 @@ def test_loading_refuses_a_broken_map(distilled, tmp_path):
     (["--target", "/no/such/model"], "does not exist"),
     (["--arch", "eagle", "--passes", "3", "--first-pass-weight", "1.5"], "--first-pass-weight must be in (0, 1)"),
     (["--arch", "eagle", "--passes", "1", "--first-pass-weight", "0.5"], "needs --arch eagle and --passes 2"),
+    (["--arch", "eagle", "--feature-noise", "-0.1"], "--feature-noise must be 0 or more"),
+    (["--feature-noise", "0.1"], "--feature-noise needs --arch eagle"),
 ])
 def test_bad_arguments_give_a_clear_message_and_no_output(tmp_path, tiny_models, capsys, argv, message):
     out = tmp_path / "out"
@@ -345,6 +347,31 @@ def test_first_pass_weight_weighs_the_passes(eagle_distilled, tiny_models):
     assert float(third) == pytest.approx(float(equal), rel=1e-5)
     assert float(half) == pytest.approx(0.5 * terms[0] + 0.25 * (terms[1] + terms[2]), rel=1e-4)
     assert float(half) != pytest.approx(float(equal), rel=1e-4)   # the tiny draft's passes differ
+
+
+def test_feature_noise_is_drawn_from_seed_and_step(eagle_distilled, tiny_models):
+    """--feature-noise A: the passes read their features with noise in [-A, A], drawn from (seed, step) so
+    that a resumed run draws what an uninterrupted one did; the same step gives the same loss, another
+    step or seed another, and no noise is the loss computed as before."""
+    from distill import eagle_train
+    from distill.generate import load_examples
+    from specmesh.eagle import load_eagle
+
+    out, work = eagle_distilled
+    draft = load_eagle(str(out), target=load_model(str(tiny_models["target"])).info)
+    raw = load_examples(sorted((work / "data" / "train").glob("shard-*.pt")))
+    batch = eagle_train.collate(eagle_train.make_examples(raw, draft.target_to_draft, max_len=64), "cpu")
+    head = draft.model.lm.lm_head.weight[:-1].detach().float()
+
+    def loss(noise, seed, step):
+        with torch.no_grad():
+            return float(eagle_train.eagle_loss(2, head, feature_noise=noise, seed=seed)(
+                draft.model, {**batch, "step": step})[0])
+
+    plain = float(eagle_train.eagle_loss(2, head)(draft.model, batch)[0])
+    assert loss(0.0, 0, 3) == plain
+    assert loss(0.5, 0, 3) == loss(0.5, 0, 3) != plain
+    assert loss(0.5, 0, 4) != loss(0.5, 0, 3) != loss(0.5, 1, 3)
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
