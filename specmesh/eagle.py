@@ -47,6 +47,8 @@ class EagleDraft(torch.nn.Module):
             else lm.config.hidden_size
         self.hidden_size = hidden
         self.fc = fc if fc is not None else torch.nn.Linear(2 * hidden, hidden, bias=True)
+        # Set when serving (specmesh.lean_decoder): the decoder's forward with a cache, same bits, less overhead.
+        self.lean = None
 
     @property
     def config(self):
@@ -66,9 +68,12 @@ class EagleDraft(torch.nn.Module):
         """
         embeds = self.lm.get_input_embeddings()(input_ids)                               # [B, T, H]
         mixed = self.fc(torch.cat([embeds, prev_features.to(embeds.dtype)], dim=-1))      # [B, T, H]
-        kwargs = {} if cache is None else cache_kwargs(self.lm.model, cache)
-        hidden = self.lm.model(inputs_embeds=mixed, attention_mask=attention_mask, position_ids=position_ids,
-                               **kwargs).last_hidden_state                                # [B, T, H]
+        if self.lean is not None and cache is not None:
+            hidden = self.lean(mixed, cache, attention_mask, position_ids)                # [B, T, H]
+        else:
+            kwargs = {} if cache is None else cache_kwargs(self.lm.model, cache)
+            hidden = self.lm.model(inputs_embeds=mixed, attention_mask=attention_mask, position_ids=position_ids,
+                                   **kwargs).last_hidden_state                            # [B, T, H]
         rows = hidden if logits_rows is None else hidden[:, -logits_rows:]
         return self.lm.lm_head(rows), hidden
 

@@ -156,6 +156,37 @@ def test_a_tree_grows_each_node_from_its_own_path(eagle, invariant):
         assert sorted(ids[c] for c in kids[node + 1]) == sorted(rank(row[None])[0].topk(2).indices.tolist()), node
 
 
+def test_the_lean_decoder_drafts_what_transformers_forward_drafts(eagle):
+    """Served, the draft runs its decoder layer without transformers' forward (specmesh.lean_decoder):
+    trees and chains, greedy and sampled, over incremental syncs, are what transformers' forward drafts;
+    a draft on another attention keeps transformers' forward."""
+    from specmesh.config import DraftConfig
+    from specmesh.lean_decoder import lean_decoder
+
+    target, folder = eagle
+    assert lean_decoder(load_eagle(str(folder), target=target.info).model.lm.model) is None   # stock attention
+    drafter = EagleDrafter.from_config(DraftConfig(eagle_model=str(folder)))
+    lean = drafter.model.lean
+    assert lean is not None
+    tokens = target.tokenizer.encode("the quick brown fox jumps over the lazy dog, again and again")
+    feats = before(features_of(target, tokens))
+    for k, params in ((5, SamplingParams()), (5, SamplingParams(temperature=0.8)), (1, SamplingParams())):
+        proposals = {}
+        for name, decoder in (("lean", lean), ("transformers", None)):
+            drafter.model.lean = decoder
+            state, start, got = drafter.new_state(name), 8, []
+            state.sync(0, tokens[:start], features=feats[:start])
+            for accepted in (2, 0, 3, 1):
+                end = start + accepted + 1
+                state.sync(start, tokens[start:end], None, features=feats[start:end])
+                got.append([(p.token_id, p.parent, p.q_ids.tolist(), p.q_probs.tolist())
+                            for p in drafter.propose(state, k, params, 3, top_n=8)])
+                start = end
+            proposals[name] = got
+        drafter.model.lean = lean
+        assert proposals["lean"] == proposals["transformers"]
+
+
 def test_the_drafter_proposes_a_tree_within_its_depth_or_a_chain(eagle):
     target, folder = eagle
     tokens = target.tokenizer.encode("the quick brown fox jumps over")

@@ -26,6 +26,7 @@ from specmesh.drafts import resolve_draft
 from specmesh.eagle import grow_tree, load_eagle
 from specmesh.fast_linear import apply_kernels
 from specmesh.kv import PREFILL_CHUNK, TokenHistory, tensor_bytes
+from specmesh.lean_decoder import lean_decoder
 from specmesh.padded_cache import new_cache
 from specmesh.proposal import DraftProposal
 from specmesh.sampling import SamplingParams, process_logits
@@ -120,6 +121,8 @@ class EagleDrafter(Drafter):
         drafter = _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch,
                         config.tree_depth)
         apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
+        if drafter.model.lean is None:   # after the kernels: it runs the layers as they will be served
+            drafter.model.lean = lean_decoder(drafter.model.lm.model)
         return drafter
 
     def new_state(self, session_id: str) -> EagleState:
