@@ -236,7 +236,11 @@ class _Timings:
         # and writing back what this run read at start would drop the other run's time.
         on_disk = json.loads(self.path.read_text()) if self.path.exists() else {}
         on_disk[name] = on_disk.get(name, 0.0) + seconds
-        self.path.write_text(json.dumps(on_disk, indent=1))
+        # Whole or not at all: two runs finishing a phase at once wrote over each other's bytes, and both
+        # then failed to read the file back (seen with two training runs in step).
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(on_disk, indent=1))
+        tmp.replace(self.path)
         self.seconds[name] = on_disk[name]
 
     def keep(self, *names: str) -> None:
