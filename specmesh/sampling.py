@@ -64,8 +64,9 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     top-p boundary are broken towards the lowest id, so exactly top_k tokens remain.
     """
     V = logits.shape[-1]
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), V).to(torch.float32)  # [..., V]
+    if params.greedy:   # the same one-hot as one_hot(argmax).float(), without its int64 [..., V] in between
+        top = logits.argmax(dim=-1, keepdim=True)                                        # [..., 1]
+        return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, top, 1.0)
     # The max is subtracted before dividing, so a tiny temperature (1e-40) sends the others to
     # -inf and the max to 0, never to inf - inf = NaN; softmax does not care about the shift.
     x = logits.to(torch.float32)                                                       # [..., V]

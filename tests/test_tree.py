@@ -123,6 +123,29 @@ def test_a_wrong_tree_rule_is_detected(bug):
     assert p < ALPHA
 
 
+def test_greedy_end_tokens_skip_the_draws_and_give_what_they_give():
+    """score_tree(greedy=True) takes each row's hot token instead of drawing from the row with its children
+    taken out: the same end tokens and target probabilities, also where a child holds the hot token, and
+    process_logits' greedy rows are the one-hot they always were."""
+
+    g = torch.Generator().manual_seed(0)
+    parents = [-1, 0, 1, 0, -1, 4]
+    checked = hot_child = 0
+    for trial in range(200):
+        logits = torch.randn(len(parents) + 1, 64, generator=g)
+        probs = process_logits(logits, SamplingParams())
+        assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 64).float())
+        top = logits.argmax(-1).tolist()
+        # Some trials put a row's hot token among that row's children (a drafted token the target agrees with).
+        tokens = [top[parent + 1] if trial % 2 and i % 2 else int(torch.randint(64, (1,), generator=g))
+                  for i, parent in enumerate(parents)]
+        hot_child += any(top[parent + 1] == token for parent, token in zip(parents, tokens))
+        fast = score_tree(probs, tokens, parents, trial, 40, greedy=True)
+        assert fast == score_tree(probs, tokens, parents, trial, 40)
+        checked += 1
+    assert checked == 200 and hot_child >= 50
+
+
 # ---------------------------------------------------------------- 2. the target reads a tree
 
 

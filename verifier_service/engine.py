@@ -120,7 +120,8 @@ class TargetEngine:
                 try:
                     probs = process_logits(logits, call.params)                 # [k + 1, V]
                     tokens = [d.token_id for d in call.proposals]
-                    scores = score_tree(probs, tokens, call.parents, call.seed, position) if call.parents \
+                    scores = score_tree(probs, tokens, call.parents, call.seed, position,
+                                        greedy=call.params.greedy) if call.parents \
                         else score_draft(probs, tokens, [d.q_ids for d in call.proposals],
                                          [d.q_probs for d in call.proposals], call.seed, position)
                     results[i] = Verified(scores, len(session.tokens), *(fed if fed is not None else (0, None)))
