@@ -9,7 +9,7 @@ from specmesh_cli import cli
 
 def test_a_tiny_soak_under_chaos_keeps_every_output(tiny_models, tmp_path):
     code = cli.main(["soak", "--model", str(tiny_models["target"]), "--draft-model", str(tiny_models["draft"]),
-                     "--prompts", "generated", "--streams", "16", "--concurrency", "4", "--unique", "8",
+                     "--prompts", "generated", "--streams", "48", "--concurrency", "4", "--unique", "8",
                      "--twin-concurrency", "4", "--drafter", "model", "--k", "3", "--chaos", "--chaos-every-s", "1.5",
                      "--settle-s", "0.5", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "soak.json").read_text())
@@ -17,8 +17,9 @@ def test_a_tiny_soak_under_chaos_keeps_every_output(tiny_models, tmp_path):
     assert outputs["differ"] == [] and outputs["unchecked"] == []
     assert set(load["errors"]) <= {"UNAVAILABLE"}
     assert code == 0
-    assert outputs["equal"] == outputs["completed"] >= 16 // 2   # most streams ride the kills out
-    # The tiers take turns: within three kills every tier lost a process, and each came back.
+    assert outputs["equal"] == outputs["completed"] >= 48 // 2   # most streams ride the kills out
+    # The tiers take turns: within three kills every tier lost a process, and each came back. (48 streams keep
+    # the load going past three kills: with 16, faster steps let it end after two.)
     assert len(report["kills"]) >= 3
     assert {k["process"].partition("-")[0] for k in report["kills"][:3]} == {"draft", "verifier", "orchestrator"}
     assert all(count == 0 for count in report["cached_sessions_after"].values())
