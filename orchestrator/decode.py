@@ -263,13 +263,9 @@ class Decoder:
             keep_record = error.code == grpc.StatusCode.UNAVAILABLE
             raise
         finally:
-            if s.ahead is not None:
-                s.ahead.span.end()
-            for task in (s.prefill, s.reading, s.ahead and s.ahead.propose):   # the loop ended before using it
-                if task is not None:
-                    task.cancel()
-                    if task.done() and not task.cancelled():
-                        task.exception()   # retrieved: asyncio would otherwise log it as lost
+            self._drop_ahead(s)
+            for task in (s.prefill, s.reading):   # the loop ended (or failed) before using it
+                _cancel(task)
             telemetry.record_request_end(req.drafter, ended, stats.elapsed_s,
                                          stats.time_to_first_token_s if stats.first_token_at else None,
                                          stats.committed_tokens)
@@ -302,10 +298,7 @@ class Decoder:
             ahead, s.ahead = s.ahead.propose, None
             proposals, draft_len, parents = await ahead
         else:
-            if s.reading is not None and k > 0:
-                reading, s.reading = s.reading, None
-                await reading
-            proposals, draft_len, parents = await self._propose(s, k) if k > 0 else ([], 0, [])
+            proposals, draft_len, parents = await self._propose_after_read(s, k) if k > 0 else ([], 0, [])
         if s.prefill is not None:
             s.verifier, s.prefill = await s.prefill, None
         scores, verifier_len, fed = await self._verify(s, proposals, parents)
@@ -332,8 +325,8 @@ class Decoder:
         s.steps += 1
         # The next step's Propose needs only the tokens committed now, not Redis's answer: sent before the
         # commit, the draft works while Redis commits and the stream writes this step (about 0.7 ms of a
-        # 45 ms step on the build machine). Redis stays the record: a commit that fails or is cancelled
-        # takes these tokens back out, and the session ends before that Propose is used.
+        # 45 ms step on the build machine). Redis stays the record: a cancelled commit takes these tokens
+        # back out and drops that Propose; a failed one ends the session, which drops it too.
         s.committed += committed
         s.fingerprints.extend(committed)
         if not finish:
@@ -359,24 +352,23 @@ class Decoder:
         if k <= 0 or s.prefill is not None:
             return
 
-        async def propose():
-            if s.reading is not None:   # a session's first step: the draft must read the prompt first
-                reading, s.reading = s.reading, None
-                await reading
-            return await self._propose(s, k)
-
         span = telemetry.tracer().start_span(telemetry.SPAN_STEP, context=s.trace_parent)
         with trace.use_span(span):   # the Propose's spans go under the step it serves
-            s.ahead = _Ahead(span, asyncio.ensure_future(propose()))
+            s.ahead = _Ahead(span, asyncio.ensure_future(self._propose_after_read(s, k)))
 
-    @staticmethod
-    def _take_back(s: _Stream, start: int) -> None:
+    @classmethod
+    def _take_back(cls, s: _Stream, start: int) -> None:
         """Undo a step's tokens that Redis did not keep, and the next step begun on them."""
         del s.committed[start:]
         s.fingerprints.truncate(start)
+        cls._drop_ahead(s)
+
+    @staticmethod
+    def _drop_ahead(s: _Stream) -> None:
+        """End the next step begun during a commit, unused: its span, and its Propose."""
         if s.ahead is not None:
-            s.ahead.propose.cancel()
             s.ahead.span.end()
+            _cancel(s.ahead.propose)
             s.ahead = None
 
     def _cut(self, tokens: list[int], generated: int, max_new: int) -> tuple[list[int], str]:
@@ -424,6 +416,13 @@ class Decoder:
         """A Propose of 0: the draft syncs the `start` committed tokens and reads them now."""
         await self._propose(s, 0)
         s.draft.cached_len = start   # it fed every one with the target's features
+
+    async def _propose_after_read(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int, list[int]]:
+        """_propose, once a session's first step's read of the prompt (Decoder._read) is done."""
+        if s.reading is not None:
+            reading, s.reading = s.reading, None
+            await reading
+        return await self._propose(s, k)
 
     async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int, list[int]]:
         """The draft's proposals, as messages (they go to the verifier as they are), its cached length, and
@@ -485,6 +484,13 @@ class Decoder:
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, Exception):
                 log.warning("release of session %s incomplete: %s", session_id, outcome)
+
+
+def _cancel(task: asyncio.Future | None) -> None:
+    if task is not None:
+        task.cancel()
+        if task.done() and not task.cancelled():
+            task.exception()   # retrieved: asyncio would otherwise log it as lost
 
 
 def _draft_budget(s: _Stream) -> int:
