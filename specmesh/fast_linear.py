@@ -34,6 +34,7 @@ the token embedding). For SmolLM2-135M that is +540 MB and 1.5-2 s at start-up.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -43,7 +44,7 @@ from torch import nn
 
 log = logging.getLogger("specmesh.fast_linear")
 
-__all__ = ["PackedLinear", "available", "pack_linears", "bf16_available"]
+__all__ = ["PackedLinear", "available", "pack_linears", "unpack_linears", "packed_while", "bf16_available"]
 
 
 def available(model: nn.Module) -> bool:
@@ -134,6 +135,31 @@ def pack_linears(model: nn.Module, invariant: bool = False) -> int:
         setattr(parent, name, PackedLinear(child, invariant))
     log.info("pre-packed %d linear weights for oneDNN in %.2f s", len(targets), time.monotonic() - started)
     return len(targets)
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Undo `pack_linears`: every PackedLinear becomes an nn.Linear over the same weight and bias again
+    (the Parameters themselves, so ties and optimizers see no change) and the packed copies are freed."""
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children() if isinstance(child, PackedLinear)]
+    for parent, name, child in targets:
+        linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+        linear.weight, linear.bias = child.weight, child.bias
+        setattr(parent, name, linear)
+    return len(targets)
+
+
+@contextlib.contextmanager
+def packed_while(model: nn.Module):
+    """Pre-packed linear layers for the duration of the block (yields how many were packed), the model's
+    own nn.Linear modules after it: for work that only runs the model forward, like `specmesh distill`'s
+    batched generations, on a model that is copied or trained afterwards (a packed copy would go stale)."""
+    count = pack_linears(model)
+    try:
+        yield count
+    finally:
+        if count:
+            unpack_linears(model)
 
 
 def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False) -> None:

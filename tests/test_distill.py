@@ -431,6 +431,50 @@ def test_generations_equal_greedy_decoding_without_a_cache(tiny_models):
         assert row["features"].shape[0] == len(prompt) + 6 - 1
 
 
+def test_packed_generation_gives_the_stock_answers_and_leaves_the_target_as_it_was(tiny_models):
+    """The data phase generates with pre-packed weights (`--generation-kernels packed`): the same greedy
+    answers and features to float rounding, and afterwards the target's own nn.Linear modules over the
+    very same Parameters (training copies its last layer; a packed copy would serve stale weights)."""
+    from distill.generate import GenerationPlan, generate_batch
+    from specmesh.fast_linear import PackedLinear, packed_while
+
+    target = load_model(str(tiny_models["target"]))
+    model = target.model
+    params = {name: p for name, p in model.named_parameters()}
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    prompts = [[5, 9, 13, 17, 21, 25, 29], [7, 8], [30, 31, 32, 33]]
+    batch = [dict(prompt_ids=p, temperature=0.0, index=i, category="qa") for i, p in enumerate(prompts)]
+    plan, eos = GenerationPlan(max_new_tokens=8), [1_000_000]
+    stock = generate_batch(model, batch, plan, eos, 0, torch.Generator())
+    with packed_while(model) as count:
+        assert count == linears > 0
+        assert sum(isinstance(m, PackedLinear) for m in model.modules()) == linears
+        packed = generate_batch(model, batch, plan, eos, 0, torch.Generator())
+    for a, b in zip(stock, packed):
+        assert a["response_ids"] == b["response_ids"]
+        torch.testing.assert_close(a["features"].float(), b["features"].float(), atol=2e-3, rtol=2e-3)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert sum(type(m) is torch.nn.Linear for m in model.modules()) == linears
+    assert all(p is params[name] for name, p in model.named_parameters())
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.get_input_embeddings().weight
+
+
+def test_packed_generations_get_their_own_work_folder():
+    """Packed products round differently from stock ones, so their data never extend a stock folder;
+    a stock run keeps the folder name it had before the option existed."""
+    import argparse
+
+    from distill.run import add_arguments, data_key
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--out", "x"])
+    assert args.generation_kernels == "packed"
+    assert data_key(args, "t", packed=True) != data_key(args, "t", packed=False)
+    assert data_key(args, "t", packed=False) == data_key(args, "t")
+
+
 def test_the_cache_goes_under_the_name_the_forward_takes():
     """transformers 5.x renamed forward's `past_key_values` to `cache`; either is found by signature."""
     from specmesh.models import cache_kwargs
