@@ -9,7 +9,7 @@ from orchestrator.requests import Limits, tokenize_prompt, validate
 from orchestrator.sessions import SessionStore
 from specmesh.bounds import check_session_id
 from specmesh import auth
-from specmesh.errors import NotFound, ResourceExhausted, Unavailable
+from specmesh.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 SERVICE_NAME = "specmesh.v1.Orchestrator"

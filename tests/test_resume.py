@@ -168,3 +168,11 @@ def test_a_finished_session_is_not_found_after_finished_ttl_s(two_orchestrators,
         assert error.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         short.stop()
+
+
+def test_a_resume_without_a_session_id_is_invalid(two_orchestrators):
+    """INVALID_ARGUMENT naming the field (the servicer once raised it without importing it: INTERNAL)."""
+    with Client(f"localhost:{two_orchestrators.orchestrator_ports[1]}") as client, pytest.raises(grpc.RpcError) as err:
+        list(client.stream(orchestrator_pb2.GenerateRequest(resume_offset=0)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "resume_offset needs the session_id" in err.value.details()
