@@ -44,7 +44,7 @@ from torch import nn
 
 log = logging.getLogger("specmesh.fast_linear")
 
-__all__ = ["PackedLinear", "available", "pack_linears", "unpack_linears", "packed_while", "bf16_available"]
+__all__ = ["PackedLinear", "available", "pack_linears", "packed_while", "bf16_available"]
 
 
 def available(model: nn.Module) -> bool:
@@ -123,43 +123,37 @@ def pack_linears(model: nn.Module, invariant: bool = False) -> int:
     device or dtype, or a torch without oneDNN). With `invariant`, layers packed
     earlier switch to batch-invariant numerics too.
     """
+    return len(_pack(model, invariant))
+
+
+def _pack(model: nn.Module, invariant: bool = False) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """pack_linears; -> (parent, name, the nn.Linear it replaced) for each layer it packed."""
     if not available(model):
-        return 0
+        return []
     started = time.monotonic()
     for module in model.modules():
         if isinstance(module, PackedLinear):
             module.invariant = module.invariant or invariant
-    targets = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if type(child) is nn.Linear]
-    for parent, name, child in targets:
+    replaced = [(parent, name, child) for parent in model.modules()
+                for name, child in parent.named_children() if type(child) is nn.Linear]
+    for parent, name, child in replaced:
         setattr(parent, name, PackedLinear(child, invariant))
-    log.info("pre-packed %d linear weights for oneDNN in %.2f s", len(targets), time.monotonic() - started)
-    return len(targets)
-
-
-def unpack_linears(model: nn.Module) -> int:
-    """Undo `pack_linears`: every PackedLinear becomes an nn.Linear over the same weight and bias again
-    (the Parameters themselves, so ties and optimizers see no change) and the packed copies are freed."""
-    targets = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if isinstance(child, PackedLinear)]
-    for parent, name, child in targets:
-        linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
-        linear.weight, linear.bias = child.weight, child.bias
-        setattr(parent, name, linear)
-    return len(targets)
+    log.info("pre-packed %d linear weights for oneDNN in %.2f s", len(replaced), time.monotonic() - started)
+    return replaced
 
 
 @contextlib.contextmanager
 def packed_while(model: nn.Module):
     """Pre-packed linear layers for the duration of the block (yields how many were packed), the model's
-    own nn.Linear modules after it: for work that only runs the model forward, like `specmesh distill`'s
-    batched generations, on a model that is copied or trained afterwards (a packed copy would go stale)."""
-    count = pack_linears(model)
+    own nn.Linear modules after it (the very objects, over the same Parameters; the packed copies are
+    freed): for work that only runs the model forward, like `specmesh distill`'s batched generations, on a
+    model that is copied or trained afterwards (a packed copy would go stale)."""
+    replaced = _pack(model)
     try:
-        yield count
+        yield len(replaced)
     finally:
-        if count:
-            unpack_linears(model)
+        for parent, name, linear in replaced:
+            setattr(parent, name, linear)
 
 
 def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False) -> None:
