@@ -28,6 +28,10 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
     # What the training data hold (a --max-train-batches budget keeps the greedy batches, which come first).
     greedy_share = sum(e["temperature"] == 0 for e in data.train) / max(1, len(data.train))
     eagle = getattr(args, "arch", "lm") == "eagle"
+    self_written = getattr(data, "n_self_written", 0)
+    written_note = (f", and to {self_written} requests the target wrote itself into its chat template from each "
+                    f"category's first words (`--self-prompts-per-category`, distill/self_prompts.py)"
+                    if self_written else "")
     if eagle:
         what = (f"An EAGLE-style draft (specmesh.eagle): {args.layers} decoder layer(s) that read each token together "
                 "with the target's feature (last hidden state) at the position before, over")
@@ -62,9 +66,9 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
 
 - seed {args.seed}, device {facts.get('device', 'cpu')}, torch threads {facts.get('threads')}
 - wall time {timings.total / 60:.1f} min ({phases}), summed over interrupted and resumed runs
-- data: the target's own answers to {data.n_prompts} prompts written from templates x topics over 13
+- data: the target's own answers to {data.n_prompts - self_written} prompts written from templates x topics over 13
   Spec-Bench-like categories, with passages from the Python reference (`pydoc_data`), standard-library
-  docstrings and German gettext catalogues installed on the machine; no Spec-Bench question, nothing
+  docstrings and German gettext catalogues installed on the machine{written_note}; no Spec-Bench question, nothing
   downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear

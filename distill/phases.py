@@ -19,6 +19,7 @@ class Data:
     heldout: list[dict]
     n_prompts: int
     n_heldout_prompts: int
+    n_self_written: int = 0      # of n_prompts: answers to requests the target wrote itself
 
 
 def split_prompts(args) -> tuple[list[Prompt], list[Prompt]]:
@@ -48,13 +49,45 @@ def make_data(args, target, work: Path) -> Data:
         heldout_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, heldout_prompts,
                                         work / "data" / "heldout", heldout_plan, args.seed + 1, bar.update)
     train, heldout = load_examples(train_paths), load_examples(heldout_paths)
+    self_written = _self_written_data(args, target, work, plan)
+    train += self_written
     tokens = sum(len(e["response_ids"]) for e in train)
     log.info("%d training generations (%d tokens), %d held-out", len(train), tokens, len(heldout))
-    return Data(train, heldout, len(train), len(heldout))
+    return Data(train, heldout, len(train), len(heldout), len(self_written))
+
+
+SELF_INDEX = 10_000_000     # self-written examples' indices start here, after every template prompt's
+
+
+def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[dict]:
+    """Answers to requests the target wrote itself (distill.self_prompts), training only. They live in
+    their own folder under the work folder, so adding them reuses the template answers already there."""
+    n = getattr(args, "self_prompts_per_category", 0)
+    if not n:
+        return []
+    from distill.self_prompts import BENCH_QUESTIONS, BenchFilter, write_prompts
+
+    folder = work / "data" / f"self-{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with tqdm(total=(n * 5 + 3) // 4 * len(CATEGORIES), desc="target writes requests", unit="request",
+              dynamic_ncols=True) as bar:
+        prompts = write_prompts(target.model, target.tokenizer, target.info.eos_token_ids, n, args.seed + 2,
+                                args.batch_size, folder / "prompts.json", BenchFilter(BENCH_QUESTIONS), bar.update)
+    with tqdm(total=len(prompts), desc="target answers them", unit="prompt", dynamic_ncols=True) as bar:
+        paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, prompts,
+                                folder / "answers", plan, args.seed + 3, bar.update)
+    examples = load_examples(paths)
+    for e in examples:
+        e["index"] += SELF_INDEX
+    log.info("%d answers to self-written requests (%d tokens)", len(examples),
+             sum(len(e["response_ids"]) for e in examples))
+    return examples
 
 
 def train_key(args) -> str:
     key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
+    if getattr(args, "self_prompts_per_category", 0):
+        key += f"-self{args.self_prompts_per_category}"
     if args.arch != "eagle":
         return key + f"-kd{args.kd_weight}"
     first = getattr(args, "first_pass_weight", None)

@@ -40,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads (default: torch's choice; 1 is faster on a CPU shared with other jobs)")
     p.add_argument("--prompts-per-category", type=int, default=DEFAULTS["prompts_per_category"],
                    help="training prompts per Spec-Bench-like category (13 categories)")
+    p.add_argument("--self-prompts-per-category", type=int, default=0,
+                   help="also train on requests the target writes itself, this many per category: its chat "
+                        "template's user turn, opened with a category's first words, sampled to the end "
+                        "(distill/self_prompts.py). Wider than the templates; answered like them; training only. "
+                        "Needs a target with a chat template; 0: none")
     p.add_argument("--heldout-per-category", type=int, default=DEFAULTS["heldout_per_category"],
                    help="held-out prompts per category, for the acceptance in the model card")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"])
@@ -104,6 +109,8 @@ def check_arguments(args) -> None:
                  "train_batch_tokens", "layers", "checkpoint_every", "passes"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.self_prompts_per_category < 0:
+        problems.append(f"--self-prompts-per-category must be 0 or more, got {args.self_prompts_per_category}")
     if args.max_train_batches is not None and args.max_train_batches < 1:
         problems.append(f"--max-train-batches must be at least 1, got {args.max_train_batches}")
     first = getattr(args, "first_pass_weight", None)
@@ -180,6 +187,9 @@ def _run(args, argv) -> int:
         target = load_model(args.target, device=device)
     except ModelLoadError as error:
         raise DistillError(str(error)) from error
+    if args.self_prompts_per_category and target.tokenizer.chat_template is None:
+        raise DistillError(f"--self-prompts-per-category needs a target with a chat template (the target writes a "
+                           f"user's request into it); {target.info.name} has none")
     from specmesh.fast_linear import available, packed_while
 
     torch.manual_seed(args.seed)

@@ -116,6 +116,7 @@ def test_loading_refuses_a_broken_map(distilled, tmp_path):
     (["--arch", "eagle", "--passes", "1", "--first-pass-weight", "0.5"], "needs --arch eagle and --passes 2"),
     (["--arch", "eagle", "--feature-noise", "-0.1"], "--feature-noise must be 0 or more"),
     (["--feature-noise", "0.1"], "--feature-noise needs --arch eagle"),
+    (["--self-prompts-per-category", "-1"], "--self-prompts-per-category must be 0 or more"),
 ])
 def test_bad_arguments_give_a_clear_message_and_no_output(tmp_path, tiny_models, capsys, argv, message):
     out = tmp_path / "out"
@@ -221,6 +222,84 @@ def test_int8_storage_round_trips(distilled, tiny_models, tmp_path):
     with torch.inference_mode():
         a, b = draft.model(input_ids=ids).logits, again.model(input_ids=ids).logits
     assert torch.allclose(a, b, atol=0.05 * float(a.abs().max())), float((a - b).abs().max())
+
+
+# --------------------------------------------------------------------------- requests the target writes itself
+
+
+def test_self_written_requests_extend_the_template_data(distilled, tiny_models, tmp_path):
+    """--self-prompts-per-category: the target writes requests into its own chat template, opened with its
+    category's first words; their answers join training in a folder of their own, so the template answers
+    already in the work folder are reused, and a second run reads both back instead of sampling again."""
+    import shutil
+
+    from distill.self_prompts import OPENINGS
+
+    out, work = distilled
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    template_shards = {p: p.stat().st_mtime_ns for p in (copy / "data").rglob("*.pt")}
+    argv = ["distill", "--target", str(tiny_models["target"]), "--out", str(tmp_path / "out"), "--work-dir",
+            str(copy), *TINY_ARGS, "--self-prompts-per-category", "3"]
+    assert cli.main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in template_shards} == template_shards, "template answers were redone"
+
+    written = json.loads((copy / "data" / "self-3" / "prompts.json").read_text())
+    by_category = {c: [p["text"] for p in written if p["category"] == c] for c in CATEGORIES}
+    assert all(1 <= len(texts) <= 3 for texts in by_category.values()), {c: len(t) for c, t in by_category.items()}
+    assert len({p["text"] for p in written}) == len(written)
+    for p in written:
+        assert any(p["text"].startswith(o) for o in OPENINGS[p["category"]]), p
+        assert len(p["text"].split()) >= 3
+
+    base = json.loads((out / "distill.json").read_text())["facts"]["train_examples"]
+    facts = json.loads((tmp_path / "out" / "distill.json").read_text())["facts"]
+    assert facts["train_examples"] == base + len(written)
+    assert "--self-prompts-per-category 3" in (tmp_path / "out" / "README.md").read_text()
+    assert any("-self3" in p.name for p in copy.glob("train-*")), "the run trained into the template-only folder"
+
+    before = {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file() and p.suffix in (".pt", ".json")
+              and p.name != "timings.json"}
+    assert cli.main([*argv[:4], str(tmp_path / "again"), *argv[5:]]) == 0
+    after = {p: p.stat().st_mtime_ns for p in before}
+    assert after == before, "a resumed run wrote its requests or answers again"
+
+
+def test_the_user_turn_prefix_is_the_template_before_the_content(tiny_models):
+    from distill.self_prompts import user_turn_prefix
+
+    tokenizer = load_tokenizer(str(tiny_models["target"]))
+    assert user_turn_prefix(tokenizer) == "<s>user: "
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        user_turn_prefix(tokenizer)
+
+
+def test_a_written_request_near_a_bench_question_is_dropped(tmp_path):
+    """The bench filter drops a request that is a benchmark turn, contains one, or shares eight words
+    running with one, and keeps the rest; with no benchmark file it keeps everything."""
+    from distill.self_prompts import BenchFilter
+
+    questions = tmp_path / "q.jsonl"
+    turn = "Describe the life cycle of a monarch butterfly from egg to adult in five short steps."
+    questions.write_text(json.dumps({"turns": [turn, "Now do it as a poem."]}) + "\n")
+    keep = BenchFilter(questions)
+    assert not keep(turn)
+    assert not keep(turn.upper() + " Thank you!")
+    assert not keep("Please tell me: the life cycle of a monarch butterfly from egg to adult, briefly")
+    assert not keep("now do it as a poem")
+    assert keep("Describe the life cycle of a frog.")
+    assert keep("Write a poem about a monarch butterfly.")
+    assert BenchFilter(tmp_path / "absent.jsonl")(turn)
+
+
+def test_the_real_bench_file_is_read_by_the_filter():
+    from distill.self_prompts import BENCH_QUESTIONS, BenchFilter
+
+    assert BENCH_QUESTIONS.resolve() == BENCH.resolve() or not BENCH_QUESTIONS.exists()
+    keep = BenchFilter(BENCH)
+    first = json.loads(BENCH.read_text().splitlines()[0])["turns"][0]
+    assert keep.turns and not keep(first)
 
 
 # --------------------------------------------------------------------------- EAGLE-style drafts (--arch eagle)
