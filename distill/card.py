@@ -28,9 +28,9 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
     # What the training data hold (a --max-train-batches budget keeps the greedy batches, which come first).
     greedy_share = sum(e["temperature"] == 0 for e in data.train) / max(1, len(data.train))
     eagle = getattr(args, "arch", "lm") == "eagle"
-    self_written = getattr(data, "n_self_written", 0)
-    written_note = (f", and to {self_written} requests the target wrote itself into its chat template from each "
-                    f"category's first words (`--self-prompts-per-category`, distill/self_prompts.py)"
+    self_written = data.n_self_written
+    written_note = (f",\n  and to {self_written} requests the target wrote itself into its chat template from each "
+                    f"category's first words\n  (`--self-prompts-per-category`, distill/self_prompts.py)"
                     if self_written else "")
     if eagle:
         what = (f"An EAGLE-style draft (specmesh.eagle): {args.layers} decoder layer(s) that read each token together "

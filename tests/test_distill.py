@@ -268,7 +268,7 @@ def test_self_written_requests_extend_the_template_data(distilled, tiny_models, 
 def test_the_user_turn_prefix_is_the_template_before_the_content(tiny_models):
     from distill.self_prompts import user_turn_prefix
 
-    tokenizer = load_tokenizer(str(tiny_models["target"]))
+    tokenizer, _ = load_tokenizer(str(tiny_models["target"]))
     assert user_turn_prefix(tokenizer) == "<s>user: "
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
