@@ -69,10 +69,14 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
 
     folder = work / "data" / f"self-{n}"
     folder.mkdir(parents=True, exist_ok=True)
-    with tqdm(total=(n * 5 + 3) // 4 * len(CATEGORIES), desc="target writes requests", unit="request",
-              dynamic_ncols=True) as bar:
+    with tqdm(total=0, desc="target writes requests", unit="request", dynamic_ncols=True) as bar:
+        def planned(rows: int) -> None:          # each round adds what it will sample to the bar
+            bar.total += rows
+            bar.refresh()
+
         prompts = write_prompts(target.model, target.tokenizer, target.info.eos_token_ids, n, args.seed + 2,
-                                args.batch_size, folder / "prompts.json", BenchFilter(BENCH_QUESTIONS), bar.update)
+                                args.batch_size, folder / "prompts.json", BenchFilter(BENCH_QUESTIONS), bar.update,
+                                planned)
     with tqdm(total=len(prompts), desc="target answers them", unit="prompt", dynamic_ncols=True) as bar:
         paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, prompts,
                                 folder / "answers", plan, args.seed + 3, bar.update)

@@ -98,10 +98,11 @@ BENCH_QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "sp
 
 def write_prompts(model, tokenizer, eos_ids: Sequence[int], n_per_category: int, seed: int, batch_size: int,
                   path: Path, keep: Callable[[str], bool], progress: Callable[[int], None] = lambda n: None,
-                  rounds: int = 4) -> list[Prompt]:
+                  planned: Callable[[int], None] = lambda n: None, rounds: int = 4) -> list[Prompt]:
     """n_per_category requests per category written by the target, kept in `path` (JSON) so that a resumed
     run reads them back instead of sampling again. Each round samples what is still missing, plus a
-    margin for the requests the filters drop; a category that is still short after `rounds` keeps what it has."""
+    margin for the requests the filters drop; a category that is still short after `rounds` keeps what it has.
+    `planned(n)`: a round will sample n requests; `progress(n)`: n more were sampled."""
     if path.exists():
         return [Prompt(**p) for p in json.loads(path.read_text())]
     prefix = user_turn_prefix(tokenizer)
@@ -121,6 +122,7 @@ def write_prompts(model, tokenizer, eos_ids: Sequence[int], n_per_category: int,
                                  prompt_ids=tokenizer.encode(prefix + opening, add_special_tokens=False)))
         if not rows:
             break
+        planned(len(rows))
         # Long and short requests in separate batches: a batch decodes as long as its longest row.
         rows.sort(key=lambda r: (r["category"] in LONG, r["index"]))
         for start in range(0, len(rows), batch_size):
