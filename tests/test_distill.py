@@ -275,6 +275,20 @@ def test_the_user_turn_prefix_is_the_template_before_the_content(tiny_models):
         user_turn_prefix(tokenizer)
 
 
+def test_self_written_requests_need_a_chat_template(tiny_models, tmp_path, capsys):
+    """A target without a chat template has no user turn to write into: one clear line, exit 2, nothing written."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_models["target"], bare)
+    (bare / "chat_template.jinja").unlink()
+    out = tmp_path / "out"
+    assert cli.main(["distill", "--target", str(bare), "--out", str(out), "--work-dir", str(tmp_path / "work"),
+                     *TINY_ARGS, "--self-prompts-per-category", "2"]) == 2
+    assert "--self-prompts-per-category needs a target with a chat template" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "work" / "data").exists()
+
+
 def test_a_written_request_near_a_bench_question_is_dropped(tmp_path):
     """The bench filter drops a request that is a benchmark turn, contains one, or shares eight words
     running with one, and keeps the rest; with no benchmark file it keeps everything."""
