@@ -146,6 +146,23 @@ def test_compare_bench_reads_tokens_per_step_and_each_runs_own_speedup(tmp_path)
     assert got["overall"] == (160 / 70, (160 / 11) / (150 / 20))
 
 
+def test_compare_bench_pairs_two_runs_question_by_question(tmp_path):
+    from tools.compare_bench import paired_difference, per_question
+
+    header = "question_id,category,config,committed_tokens,elapsed_s,steps\n"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    # Two repeats of question 1 sum before dividing; question 3 is only in run b and is left out.
+    a.write_text(header + "1,qa,e:k=5,100,5,50\n1,qa,e:k=5,100,5,50\n2,rag,e:k=5,90,4,30\n2,rag,target-only,9,1,9\n")
+    b.write_text(header + "1,qa,e:k=5,200,5,80\n2,rag,e:k=5,90,4,30\n3,qa,e:k=5,100,1,10\n")
+    assert per_question(str(a), "e:k=5") == {"1": 2.0, "2": 3.0}
+    n, mean, low, high = paired_difference(per_question(str(a), "e:k=5"), per_question(str(b), "e:k=5"))
+    assert n == 2 and mean == pytest.approx(0.25)               # (2.5 - 2.0 + 0) / 2
+    assert low == pytest.approx(0.0) and high == pytest.approx(0.5) and low <= mean <= high
+    assert paired_difference({"1": 2.0}, {"1": 2.0}) == (1, 0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="share no question"):
+        paired_difference({"1": 2.0}, {"2": 2.0})
+
+
 def test_default_config_is_what_a_request_naming_nothing_gets(tiny_cluster, tiny_client):
     """`specmesh bench` with no --configs measures the server's default drafter and k, not a fixed one."""
     from specmesh.config import OrchestratorConfig

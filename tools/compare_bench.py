@@ -5,7 +5,11 @@
 
 For each run: committed tokens per step, and the speedup over that run's own
 target-only rows (so each ratio was measured under one machine load). Used for
-changes that the bench cannot A/B in one run, such as a draft-tier setting.
+changes that the bench cannot A/B in one run, such as a draft-tier setting or a
+new draft. With exactly two runs it also pairs them question by question: the
+mean difference of tokens per step and its 95% bootstrap interval over the
+questions both ran (greedy answers are the same in both, so a question is its
+own control; two questions a category cannot rank drafts by category alone).
 """
 from __future__ import annotations
 
@@ -33,6 +37,30 @@ def per_category(path: str, config: str) -> dict[str, tuple[float, float]]:
             for c, s in sums.items() if s["steps"] and s["base_seconds"]}
 
 
+def per_question(path: str, config: str) -> dict[str, float]:
+    """question id -> committed tokens per step for `config` (summed over repeats) in one results.csv."""
+    sums = defaultdict(lambda: [0.0, 0.0])
+    for row in csv.DictReader(open(path)):
+        if row["config"] == config:
+            sums[row["question_id"]][0] += float(row["committed_tokens"])
+            sums[row["question_id"]][1] += float(row["steps"])
+    return {q: tokens / steps for q, (tokens, steps) in sums.items() if steps}
+
+
+def paired_difference(a: dict[str, float], b: dict[str, float], resamples: int = 10_000,
+                      seed: int = 0) -> tuple[int, float, float, float]:
+    """(questions, mean of b - a, 2.5th and 97.5th percentile of that mean over bootstrap resamples of the
+    questions both hold)."""
+    import random
+
+    diffs = [b[q] - a[q] for q in sorted(set(a) & set(b))]
+    if not diffs:
+        raise ValueError("the two runs share no question for this config")
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(resamples))
+    return len(diffs), sum(diffs) / len(diffs), means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="NAME=path/to/results.csv")
@@ -46,6 +74,11 @@ def main() -> None:
     for c in categories:
         print(f"{c:16}" + "".join(f" | {data[n][c][0]:.2f} | {data[n][c][1]:.2f}x" if c in data[n] else " | - | -"
                                   for n in runs))
+    if len(runs) == 2:
+        (name_a, path_a), (name_b, path_b) = runs.items()
+        n, mean, low, high = paired_difference(per_question(path_a, args.config), per_question(path_b, args.config))
+        print(f"paired over {n} questions: {name_b} - {name_a} = {mean:+.3f} tokens per step "
+              f"(95% bootstrap interval {low:+.3f} to {high:+.3f})")
     if args.out:
         import matplotlib
         matplotlib.use("Agg")
