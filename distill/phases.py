@@ -56,9 +56,6 @@ def make_data(args, target, work: Path) -> Data:
     return Data(train, heldout, len(train), len(heldout), len(self_written))
 
 
-SELF_INDEX = 10_000_000     # self-written examples' indices start here, after every template prompt's
-
-
 def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[dict]:
     """Answers to requests the target wrote itself (distill.self_prompts), training only. They live in
     their own folder under the work folder, so adding them reuses the template answers already there."""
@@ -81,8 +78,6 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
         paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, prompts,
                                 folder / "answers", plan, args.seed + 3, bar.update)
     examples = load_examples(paths)
-    for e in examples:
-        e["index"] += SELF_INDEX
     log.info("%d answers to self-written requests (%d tokens)", len(examples),
              sum(len(e["response_ids"]) for e in examples))
     return examples

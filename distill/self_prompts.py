@@ -116,7 +116,7 @@ def write_prompts(model, tokenizer, eos_ids: Sequence[int], n_per_category: int,
         for category in CATEGORIES:
             openings = OPENINGS[category]
             # A quarter more than missing: ends past the budget, repeats and empty requests are dropped.
-            for i in range((wanted[category] * 5 + 3) // 4 if wanted[category] > 0 else 0):
+            for i in range((wanted[category] * 5 + 3) // 4):
                 opening = openings[(i + round_) % len(openings)]
                 rows.append(dict(index=len(rows), category=category, opening=opening, temperature=WRITE_TEMPERATURE,
                                  prompt_ids=tokenizer.encode(prefix + opening, add_special_tokens=False)))
