@@ -72,7 +72,8 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
   downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear
-  kernels (`--generation-kernels`).
+  kernels (`--generation-kernels`), finished rows {'dropped from' if getattr(args, 'finished_rows', 'drop') == 'drop' else 'kept in'}
+  their batch (`--finished-rows`).
 - vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens seen (FR-Spec); they cover
   {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.
 - initialisation: {init}.

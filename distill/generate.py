@@ -31,6 +31,7 @@ class GenerationPlan:
     temperature: float = 0.8
     top_k_stored: int = 16           # target log-probs kept per position for the KD loss
     max_prompt_tokens: int = 384
+    drop_finished_rows: bool = True  # see COMPACT_WHEN_FINISHED; False: every row runs to the batch's end
 
 
 def render(tokenizer, text: str) -> list[int]:
@@ -56,14 +57,28 @@ def plan_batches(tokenizer, prompts: Sequence[Prompt], plan: GenerationPlan, see
     return [examples[i:i + plan.batch_size] for i in range(0, len(examples), plan.batch_size)]
 
 
+# A batch drops its finished rows from the forward and the KV cache once a quarter of them have finished:
+# a batch decodes until its longest row ends, and a step's cost grows with the rows it carries (on the
+# 2-core CPU ~17 ms + 1.7 ms a row). Dropping rows one at a time would copy the cache too often. The
+# rows' tokens come out the same, but a forward over fewer rows rounds some positions' features and
+# log-probs differently in the last bit (stock attention picks its blocking by batch shape), so data
+# made either way live in separate work folders (distill.run.data_key).
+COMPACT_WHEN_FINISHED = 0.25
+
+
 @torch.inference_mode()
 def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequence[int], pad_id: int,
                    generator: torch.Generator) -> list[dict]:
+    """The batch's answers, top-k log-probs and features. With `plan.drop_finished_rows`, finished rows
+    leave the forward (and the cache) as the batch runs. Sampling still draws for every row of the batch
+    at every step, live or not (a multinomial draw reads one exponential per token and row whatever the
+    probabilities), so each row's draws are the ones it gets with all rows kept."""
     device = model.device
+    n = len(batch)
     lengths = [len(e["prompt_ids"]) for e in batch]
     width = max(lengths)
-    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)               # [B, L], left-padded
-    mask = torch.zeros((len(batch), width), dtype=torch.long)                           # [B, L]
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)                        # [B, L], left-padded
+    mask = torch.zeros((n, width), dtype=torch.long)                                    # [B, L]
     for row, e in enumerate(batch):
         input_ids[row, width - lengths[row]:] = torch.tensor(e["prompt_ids"])
         mask[row, width - lengths[row]:] = 1
@@ -81,33 +96,48 @@ def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequ
         raise RuntimeError(f"the target's forward left the KV cache at {cache.get_seq_length()} tokens after a "
                            f"{width}-token prompt: this transformers version does not take the cache as passed")
     features = [hidden.to(torch.float16).cpu()]
-    logits = model.lm_head(hidden[:, -1]).float()                                       # [B, V]
+    logits = model.lm_head(hidden[:, -1]).float()                                       # [R, V], R rows in the cache
     eos = torch.tensor(list(eos_ids), device=device)
-    done = torch.zeros(len(batch), dtype=torch.bool, device=device)                     # [B]
+    rows = torch.arange(n, device=device)                                               # [R] batch row of each cache row
+    live = torch.ones(n, dtype=torch.bool, device=device)                               # [R] not finished yet
     tokens, top_ids, top_logp = [], [], []
-    for _ in range(plan.max_new_tokens):
-        logp = torch.log_softmax(logits, dim=-1)                                        # [B, V]
-        values, ids = logp.topk(plan.top_k_stored, dim=-1)                              # [B, K]
+    for step in range(plan.max_new_tokens):
+        logp = torch.log_softmax(logits, dim=-1)                                        # [R, V]
+        values, ids = logp.topk(plan.top_k_stored, dim=-1)                              # [R, K]
         if temperature > 0:
-            probs = torch.softmax(logits / temperature, dim=-1)
+            probs = torch.ones(n, logits.shape[-1], device=generator.device)            # [B, V]
+            probs[rows.to(generator.device)] = torch.softmax(logits / temperature, dim=-1).to(generator.device)
             # On the generator's device: a CPU multinomial over 49k tokens x 256 rows took 0.5 s a step
             # beside a GPU target (12x the greedy step); on a CPU target this is the same draw as before.
-            token = torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(1).to(device)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(device)[rows]   # [R]
         else:
-            token = logits.argmax(dim=-1)                                               # [B]
-        token = torch.where(done, torch.full_like(token, pad_id), token)
-        tokens.append(token)
-        top_ids.append(ids.to(torch.int32))
-        top_logp.append(values.to(torch.float16))
-        done |= torch.isin(token, eos)
-        if bool(done.all()):
+            token = logits.argmax(dim=-1)                                               # [R]
+        token = torch.where(live, token, torch.full_like(token, pad_id))
+        step_tokens = torch.full((n,), pad_id, dtype=torch.long, device=device)
+        step_ids = torch.zeros(n, plan.top_k_stored, dtype=torch.int32, device=device)
+        step_logp = torch.zeros(n, plan.top_k_stored, dtype=torch.float16, device=device)
+        step_tokens[rows], step_ids[rows], step_logp[rows] = token, ids.to(torch.int32), values.to(torch.float16)
+        tokens.append(step_tokens)
+        top_ids.append(step_ids)
+        top_logp.append(step_logp)
+        live &= ~torch.isin(token, eos)
+        if not bool(live.any()) or step == plan.max_new_tokens - 1:
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)                   # [B, L + t]
-        positions = positions[:, -1:] + 1                                               # [B, 1]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)                   # [R, L + t]
+        positions = positions[:, -1:] + 1                                               # [R, 1]
+        running = int(live.sum())
+        # At least two rows stay: with packed weights a lone row takes MKL's matrix-vector path, which took
+        # longer a step than four rows through oneDNN (41 against 25 ms, the 2-core CPU).
+        if plan.drop_finished_rows and len(rows) - running >= COMPACT_WHEN_FINISHED * len(rows) and running >= 2:
+            keep = live.nonzero().squeeze(1)                                            # [R']
+            cache.batch_select_indices(keep)
+            rows, live, token, mask, positions = rows[keep], live[keep], token[keep], mask[keep], positions[keep]
         hidden = model.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                             **cache_kwargs(model.model, cache)).last_hidden_state     # [B, 1, H]
-        features.append(hidden.to(torch.float16).cpu())
-        logits = model.lm_head(hidden[:, -1]).float()                                   # [B, V]
+                             **cache_kwargs(model.model, cache)).last_hidden_state     # [R, 1, H]
+        step_features = torch.zeros(n, 1, hidden.shape[-1], dtype=torch.float16)       # [B, 1, H]
+        step_features[rows.cpu()] = hidden.to(torch.float16).cpu()
+        features.append(step_features)
+        logits = model.lm_head(hidden[:, -1]).float()                                   # [R, V]
     tokens_t = torch.stack(tokens, 1).cpu()                                             # [B, T]
     ids_t, logp_t = torch.stack(top_ids, 1).cpu(), torch.stack(top_logp, 1).cpu()       # [B, T, K]
     features_t = torch.cat(features, dim=1)                                            # [B, L + T', H]

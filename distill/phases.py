@@ -37,10 +37,11 @@ def split_prompts(args) -> tuple[list[Prompt], list[Prompt]]:
 
 def make_data(args, target, work: Path) -> Data:
     train_prompts, heldout_prompts = split_prompts(args)
+    drop = getattr(args, "finished_rows", "drop") == "drop"
     plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                          greedy_fraction=args.greedy_fraction, temperature=args.temperature)
+                          greedy_fraction=args.greedy_fraction, temperature=args.temperature, drop_finished_rows=drop)
     heldout_plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                  greedy_fraction=1.0)
+                                  greedy_fraction=1.0, drop_finished_rows=drop)
     limit = getattr(args, "max_train_batches", None)
     total = min(len(train_prompts), limit * plan.batch_size if limit else len(train_prompts)) + len(heldout_prompts)
     with tqdm(total=total, desc="target generations", unit="prompt", dynamic_ncols=True) as bar:
@@ -73,7 +74,7 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
 
         prompts = write_prompts(target.model, target.tokenizer, target.info.eos_token_ids, n, args.seed + 2,
                                 args.batch_size, folder / "prompts.json", BenchFilter(BENCH_QUESTIONS), bar.update,
-                                planned)
+                                planned, drop_finished_rows=plan.drop_finished_rows)
     with tqdm(total=len(prompts), desc="target answers them", unit="prompt", dynamic_ncols=True) as bar:
         paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, prompts,
                                 folder / "answers", plan, args.seed + 3, bar.update)

@@ -568,6 +568,60 @@ def test_packed_generations_get_their_own_work_folder():
     assert data_key(args, "t", packed=False) == data_key(args, "t")
 
 
+def test_rows_dropped_when_finished_leave_every_answer_as_it_was(tiny_models, monkeypatch):
+    """A batch drops its finished rows from the forward and the cache (`--finished-rows drop`): every row,
+    greedy or sampled, gets the tokens it gets when all rows run to the end, and the same features and
+    log-probs to float rounding (a smaller batch rounds some positions in the last bit)."""
+    from transformers import DynamicCache
+
+    from distill.generate import GenerationPlan, generate_batch
+
+    target = load_model(str(tiny_models["target"]))
+    prompts = [[5 + i, 9, 13 + 2 * i, 17][: 2 + i % 3] for i in range(8)]
+    drops = []
+    original = DynamicCache.batch_select_indices
+    monkeypatch.setattr(DynamicCache, "batch_select_indices",
+                        lambda self, indices: (drops.append(len(indices)), original(self, indices))[1])
+    for temperature in (0.0, 0.8):
+        batch = [dict(prompt_ids=p, temperature=temperature, index=i, category="qa") for i, p in enumerate(prompts)]
+        plan = GenerationPlan(max_new_tokens=12, temperature=temperature)
+        # End-of-sequence ids the rows reach at different steps: tokens some rows produce early and others never.
+        full = generate_batch(target.model, batch, GenerationPlan(max_new_tokens=12, drop_finished_rows=False),
+                              [1_000_000], 0, torch.Generator().manual_seed(4))
+        eos = sorted({row["response_ids"][2 + r % 5] for r, row in enumerate(full[:4])})
+        kept = generate_batch(target.model, batch, GenerationPlan(max_new_tokens=12, temperature=temperature,
+                                                                  drop_finished_rows=False),
+                              eos, 0, torch.Generator().manual_seed(4))
+        drops.clear()
+        dropped = generate_batch(target.model, batch, plan, eos, 0, torch.Generator().manual_seed(4))
+        lengths = [len(row["response_ids"]) for row in kept]
+        assert min(lengths) < 12 and max(lengths) == 12, lengths      # rows end at different steps
+        assert drops and min(drops) < len(batch)                     # so the batch did shrink
+        for a, b in zip(kept, dropped):
+            assert a["response_ids"] == b["response_ids"]
+            assert a["features"].shape == b["features"].shape
+            torch.testing.assert_close(a["features"].float(), b["features"].float(), atol=2e-3, rtol=2e-3)
+            torch.testing.assert_close(a["top_logp"].float(), b["top_logp"].float(), atol=2e-2, rtol=2e-3)
+
+
+def test_kept_rows_find_the_work_folders_made_before_the_option():
+    """`--finished-rows keep` names the work folder as it was named before rows could be dropped (the
+    shipped EAGLE draft's data are in that folder, so its card's command resumes there); `drop` gets its own."""
+    import argparse
+
+    from distill.run import add_arguments, data_key
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    shipped = ("--arch eagle --out x --seed 0 --threads 2 --prompts-per-category 400 --self-prompts-per-category 150 "
+               "--steps 1500 --lr 3e-3 --passes 2 --train-batch-tokens 2048 --storage int8").split()
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert parser.parse_args(shipped).finished_rows == "drop"
+    assert data_key(parser.parse_args(shipped + ["--finished-rows", "keep"]), name, packed=True) == \
+        f"{name}-seed0-712e44eb25"
+    assert data_key(parser.parse_args(shipped), name, packed=True) != f"{name}-seed0-712e44eb25"
+
+
 def test_the_cache_goes_under_the_name_the_forward_takes():
     """transformers 5.x renamed forward's `past_key_values` to `cache`; either is found by signature."""
     from specmesh.models import cache_kwargs
