@@ -63,7 +63,8 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
     n = getattr(args, "self_prompts_per_category", 0)
     if not n:
         return []
-    from distill.self_prompts import BENCH_QUESTIONS, BenchFilter, write_prompts
+    from distill.self_prompts import BenchFilter, write_prompts
+    from specmesh import spec_bench
 
     folder = work / "data" / f"self-{n}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
             bar.refresh()
 
         prompts = write_prompts(target.model, target.tokenizer, target.info.eos_token_ids, n, args.seed + 2,
-                                args.batch_size, folder / "prompts.json", BenchFilter(BENCH_QUESTIONS), bar.update,
+                                args.batch_size, folder / "prompts.json", BenchFilter(spec_bench.QUESTIONS), bar.update,
                                 planned, drop_finished_rows=plan.drop_finished_rows)
     with tqdm(total=len(prompts), desc="target answers them", unit="prompt", dynamic_ncols=True) as bar:
         paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, prompts,

@@ -92,9 +92,6 @@ def _grams(words: list[str], n: int = 8) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-# Where this checkout keeps the benchmark (specmesh bench reads the same file); absent elsewhere.
-BENCH_QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "spec_bench_questions.jsonl"
-
 
 def write_prompts(model, tokenizer, eos_ids: Sequence[int], n_per_category: int, seed: int, batch_size: int,
                   path: Path, keep: Callable[[str], bool], progress: Callable[[int], None] = lambda n: None,

@@ -20,11 +20,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from specmesh import spec_bench
 from specmesh_cli import bench_peers
 
 log = logging.getLogger("specmesh.bench")
-
-DEFAULT_QUESTIONS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "spec_bench_questions.jsonl"
 
 
 DEFAULT_CONFIGS = "default"   # --configs: what a request that names no drafter and no k gets
@@ -36,7 +35,7 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-model", default=None, help="draft model when starting services")
     p.add_argument("--eagle-model", default=None,
                    help="EAGLE draft (the `eagle` drafter) when starting services; default: the target's shipped one")
-    p.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
+    p.add_argument("--questions", type=Path, default=spec_bench.QUESTIONS, help="Spec-Bench question.jsonl")
     p.add_argument("--categories", default="", help="comma-separated categories (default: all)")
     p.add_argument("--question-ids", default="", help="comma-separated question ids (overrides --per-category)")
     p.add_argument("--per-category", type=int, default=1, help="questions taken from each category")

@@ -33,7 +33,7 @@ GOALS = {"throughput_ratio": 0.95, "added_ttft_p50_ms": 5.0, "fuzz_5xx": 0}
 
 
 def add_arguments(p) -> None:
-    from specmesh_cli.bench import DEFAULT_QUESTIONS
+    from specmesh import spec_bench
 
     p.add_argument("--addr", default=None, help="a running orchestrator (with --http-url); default: start a stack")
     p.add_argument("--http-url", default=None, help="its gateway, e.g. http://localhost:8000")
@@ -41,7 +41,7 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-model", default=None, help="draft model when starting services")
     p.add_argument("--eagle-model", default=None,
                    help="EAGLE draft (the `eagle` drafter) when starting services; default: the target's shipped one")
-    p.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench question.jsonl")
+    p.add_argument("--questions", type=Path, default=spec_bench.QUESTIONS, help="Spec-Bench question.jsonl")
     p.add_argument("--per-category", type=int, default=1, help="questions taken from each category")
     p.add_argument("--repeats", type=int, default=2, help="each prompt this many times per path")
     p.add_argument("--max-new-tokens", type=int, default=96)

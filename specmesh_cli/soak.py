@@ -60,11 +60,11 @@ from pathlib import Path
 
 import grpc
 
+from specmesh import spec_bench
 from specmesh_cli import client_args
 
 log = logging.getLogger("specmesh.soak")
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "spec_bench_questions.jsonl"
 TIERS = ("draft", "verifier", "orchestrator")
 SAMPLED_TEMPERATURE = 0.8
 MAX_NEW_TOKENS = (32, 48, 64)
@@ -92,7 +92,7 @@ def add_arguments(p) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="streams at once in the load pass")
     p.add_argument("--unique", type=int, default=32, help="distinct requests; the streams cycle over them")
     p.add_argument("--twin-concurrency", type=int, default=1, help="twins at once (1: each alone)")
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS),
+    p.add_argument("--prompts", default=str(spec_bench.QUESTIONS),
                    help="a Spec-Bench style question.jsonl (first turns are the prompts; used as load only), or "
                         "'generated' for short built-in prompts")
     p.add_argument("--max-prompt-chars", type=int, default=800, help="longer questions are left out")
