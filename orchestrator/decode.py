@@ -178,6 +178,14 @@ class Decoder:
         if not 0 <= offset <= len(committed):
             raise InvalidArgument("resume_offset", f"must be in [0, {len(committed)}] (the tokens committed so far), "
                                                    f"got {offset}")
+        if record.status != "finished":
+            lease = await self.sessions.take_lease(session_id)   # fences off whoever drove it before
+            # Read it again under the lease: the old driver may have committed a step between the read
+            # above and the lease, and a stream built from the older record would fail its first commit.
+            record = await self.sessions.get(session_id) if lease else None
+            if record is None:
+                raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
+            committed = record.tokens[record.prompt_len:]
         req = _request_from_record(record)
         if record.status == "finished":   # its driver ended it and released its caches: only the tail is left
             text = TextStream(self.tokenizer, req.stop)
@@ -185,9 +193,6 @@ class Decoder:
             yield Chunk(session_id, text.update(committed, final=True), Stats(prompt_tokens=len(req.prompt_ids)),
                         finish_reason=record.finish_reason, offset=offset, replayed=committed[offset:], request=req)
             return
-        lease = await self.sessions.take_lease(session_id)   # fences off whoever drove it before
-        if not lease:
-            raise NotFound(f"no session {session_id!r} to resume (finished, expired or never started)")
         s = _Stream(req, wire.sampling_to_pb(req.params), list(record.tokens), PrefixFingerprints(record.tokens),
                     record.draft_handle, record.verifier_handle, steps=record.step, lease=lease, owner=record.owner,
                     feature_dim=self._feature_dim(req))
