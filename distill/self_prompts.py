@@ -92,7 +92,6 @@ def _grams(words: list[str], n: int = 8) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
-
 def write_prompts(model, tokenizer, eos_ids: Sequence[int], n_per_category: int, seed: int, batch_size: int,
                   path: Path, keep: Callable[[str], bool], progress: Callable[[int], None] = lambda n: None,
                   planned: Callable[[int], None] = lambda n: None, rounds: int = 4,
