@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 
 import torch
@@ -116,6 +117,85 @@ class PackedLinear(nn.Module):
                 f"packed{' bf16' if self.bf16 else ''}{', batch-invariant' if self.invariant else ''}")
 
 
+# Sibling projections that read the same input: one oneDNN product for each group instead of one per
+# layer. Batch-invariant products give an output column the same bits whatever the other columns
+# (specmesh/invariant.py: any N >= 2), so a fused product is the separate products' bits, and on a CPU
+# each small product pays a fixed call cost: the 135M target's forward took 0.88x (1 token) and 0.92x
+# (6 tokens) the unfused one, logits identical (docs/benchmarks.md, "Fused sibling products").
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class _SiblingProduct:
+    """The packed concatenation of sibling layers' weights; the product of the last input it saw, per
+    thread, until every sibling has taken its part (transformers calls them one after another on the
+    same tensor)."""
+
+    def __init__(self, layers: list["PackedLinear"]):
+        self.in_features = layers[0].in_features
+        self.sizes = [layer.out_features for layer in layers]
+        with torch.no_grad():
+            weight = torch.cat([layer.weight.detach() for layer in layers])
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            biases = [layer.bias for layer in layers]
+            self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.last = threading.local()
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        last = self.last
+        if getattr(last, "input", None) is not x:
+            rows = onednn_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)   # [M, sum(sizes)]
+            last.input, last.parts, last.taken = x, rows.split(self.sizes, dim=-1), set()
+        out = last.parts[index].contiguous().view(*x.shape[:-1], self.sizes[index])
+        last.taken.add(index)
+        if len(last.taken) == len(self.sizes):        # every sibling served: let the tensors go
+            last.input = last.parts = None
+        return out
+
+
+class FusedPart(PackedLinear):
+    """A batch-invariant PackedLinear whose product comes from its siblings' fused one (same bits)."""
+
+    def __init__(self, layer: PackedLinear, group: _SiblingProduct, index: int):
+        nn.Module.__init__(self)
+        self.bf16, self.invariant = False, True
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight, self.bias = layer.weight, layer.bias     # the same Parameters (state_dict, training)
+        self.packed = self.packed_bias = None                 # the group holds the packed weight
+        self.group, self.index = group, index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return self.group.part(x, self.index)
+
+    def use_bf16(self) -> None:
+        raise RuntimeError("a fused batch-invariant layer stays fp32 (fuse only models served in fp32)")
+
+
+def fuse_siblings(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...], list[PackedLinear]]]:
+    """Fuse each group of SIBLINGS that are batch-invariant fp32 PackedLinears over the same input size,
+    in place. Returns (parent, names, the layers replaced) per group, for unfuse_siblings."""
+    fused = []
+    for parent in model.modules():
+        for names in SIBLINGS:
+            layers = [getattr(parent, name, None) for name in names]
+            if not all(type(layer) is PackedLinear and layer.invariant and not layer.bf16 for layer in layers):
+                continue
+            if len({layer.in_features for layer in layers}) != 1 or len({layer.bias is None for layer in layers}) != 1:
+                continue
+            group = _SiblingProduct(layers)
+            for index, (name, layer) in enumerate(zip(names, layers)):
+                setattr(parent, name, FusedPart(layer, group, index))
+            fused.append((parent, names, layers))
+    return fused
+
+
+def unfuse_siblings(fused) -> None:
+    for parent, names, layers in fused:
+        for name, layer in zip(names, layers):
+            setattr(parent, name, layer)
+
+
 def pack_linears(model: nn.Module, invariant: bool = False) -> int:
     """Replace every nn.Linear of a CPU fp32 model by a PackedLinear, in place.
 
@@ -175,7 +255,8 @@ def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False)
         if batch_invariant:
             from specmesh.invariant import make_batch_invariant
 
-            packed = make_batch_invariant(model)
+            # bf16 repacks each layer's weight, so fuse only what stays fp32.
+            packed = make_batch_invariant(model, fuse=kernels == "packed" or not bf16_available())
             log.info("batch-invariant numerics: %s", "oneDNN linear layers and attention" if packed else "off")
         if not packed:
             pack_linears(model)

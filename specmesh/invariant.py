@@ -46,7 +46,7 @@ import threading
 import torch
 from torch import nn
 
-from specmesh.fast_linear import available, onednn_matmul, pack_linears
+from specmesh.fast_linear import available, fuse_siblings, onednn_matmul, pack_linears, unfuse_siblings
 
 __all__ = ["ATTENTION", "invariant_attention", "make_batch_invariant"]
 
@@ -173,11 +173,14 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION, _full_mask)
 
 
-def make_batch_invariant(model: nn.Module) -> bool:
+def make_batch_invariant(model: nn.Module, fuse: bool = True) -> bool:
     """Switch a loaded fp32 CPU model to batch-invariant numerics, in place. Returns False (and
     changes nothing) where oneDNN is not there to provide it (another device or dtype), or where the
     model's attention needs something this one does not do (a soft cap, sinks): checked at load
-    against the model's own attention on a few tokens, so a model it does not fit keeps its own."""
+    against the model's own attention on a few tokens, so a model it does not fit keeps its own.
+    With `fuse`, sibling projections (q/k/v, gate/up) share one product each (fast_linear.SIBLINGS),
+    kept only where the probe's logits come out the same bits as unfused (leave it off for weights that
+    will be repacked, as bf16 drafts are)."""
     if not available(model):
         return False
     _bound_onednn_caches()
@@ -204,4 +207,20 @@ def make_batch_invariant(model: nn.Module) -> bool:
         log.warning("batch-invariant numerics left off: this model's attention does not fit them (%s)", reason)
         return False
     pack_linears(model, invariant=True)
+    if fuse:
+        _fuse_if_same_bits(lm, probe)
     return True
+
+
+def _fuse_if_same_bits(lm: nn.Module, probe: torch.Tensor) -> None:
+    with torch.inference_mode():
+        expected = [lm(input_ids=ids).logits for ids in (probe, probe[:, :1])]
+        fused = fuse_siblings(lm)
+        if not fused:
+            return
+        got = [lm(input_ids=ids).logits for ids in (probe, probe[:, :1])]
+    if all(torch.equal(a, b) for a, b in zip(got, expected)):
+        log.info("fused %d groups of sibling projections into one oneDNN product each", len(fused))
+    else:   # another oneDNN build whose columns depend on N: keep the separate products
+        unfuse_siblings(fused)
+        log.warning("sibling projections left unfused: the fused product's bits differ on this build")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specmesh import kv
-from specmesh.fast_linear import PackedLinear, apply_kernels
+from specmesh.fast_linear import FusedPart, PackedLinear, apply_kernels
 from specmesh.invariant import ATTENTION, make_batch_invariant
 from specmesh.kv import KVSession
 from verifier_service.batching import batched_forward
@@ -108,6 +108,35 @@ def test_a_position_gets_the_same_bits_however_it_is_computed(models, monkeypatc
     assert torch.equal(_batched(model), reference)
     assert torch.equal(_tree_steps(model), reference)      # a tree's first chain and re-fed path: chain bits
     assert torch.equal(_prefill(model, chunk=16, monkeypatch=monkeypatch), reference)
+
+
+def test_fused_sibling_products_give_the_unfused_bits(models, monkeypatch):
+    """q/k/v and gate/up share one oneDNN product each (fast_linear.fuse_siblings): every path's logits
+    are the bits of the same model with a product per layer."""
+    stock, fused = models
+    parts = [m for m in fused.modules() if isinstance(m, FusedPart)]
+    assert len(parts) == 5 * 2      # q, k, v, gate, up in each of the 2 layers
+    unfused = _llama(kv_heads=stock.config.num_key_value_heads)
+    unfused.load_state_dict(stock.state_dict())
+    assert make_batch_invariant(unfused, fuse=False)
+    assert not any(isinstance(m, FusedPart) for m in unfused.modules())
+    for compute in (_prefill, _steps, _batched, _tree_steps):
+        assert torch.equal(compute(fused), compute(unfused))
+
+
+def test_sibling_products_stay_apart_where_fusing_would_change_bits(monkeypatch, caplog):
+    """The load probe compares the fused logits with the separate products': on a build where they
+    differ (simulated: one ulp added to the fused product), the layers keep a product each."""
+    from specmesh import fast_linear
+
+    real = fast_linear._SiblingProduct.part
+    monkeypatch.setattr(fast_linear._SiblingProduct, "part",
+                        lambda self, x, index: torch.nextafter(real(self, x, index), torch.tensor(float("inf"))))
+    model = _llama(kv_heads=2)
+    assert make_batch_invariant(model)
+    assert not any(isinstance(m, FusedPart) for m in model.modules())
+    assert all(isinstance(m, PackedLinear) for m in (model.model.layers[0].self_attn.q_proj, model.model.layers[0].mlp.up_proj))
+    assert "left unfused" in caplog.text
 
 
 def test_a_tree_node_gets_the_bits_of_its_path_fed_as_a_chain(models):

@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--sizes", default="1,2,3,5,9")
     parser.add_argument("--variants", default="stock,packed,batch-invariant",
-                        help="stock, packed, packed-all, batch-invariant, batch-invariant-unpadded")
+                        help="stock, packed, packed-all, batch-invariant, batch-invariant-unfused (a product per "
+                             "linear layer, as before sibling projections were fused), batch-invariant-unpadded")
     parser.add_argument("--grow", type=int, default=0, help="tokens the context grows each round (0: fixed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -51,7 +52,7 @@ def main() -> None:
         if name.startswith("packed"):
             fast_linear.pack_linears(model)
         if name.startswith("batch-invariant"):
-            invariant.make_batch_invariant(model)
+            invariant.make_batch_invariant(model, fuse=name != "batch-invariant-unfused")
         if name == "packed-all":   # oneDNN for single rows too, to show why M = 1 keeps F.linear
             for module in model.modules():
                 if isinstance(module, fast_linear.PackedLinear):
