@@ -120,7 +120,7 @@ class PackedLinear(nn.Module):
 # Sibling projections that read the same input: one oneDNN product for each group instead of one per
 # layer. Batch-invariant products give an output column the same bits whatever the other columns
 # (specmesh/invariant.py: any N >= 2), so a fused product is the separate products' bits, and on a CPU
-# each small product pays a fixed call cost: the 135M target's forward took 0.88x (1 token) and 0.92x
+# each small product pays a fixed call cost: the 135M target's forward took 0.92x (1 token) and 0.94x
 # (6 tokens) the unfused one, logits identical (docs/benchmarks.md, "Fused sibling products").
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -145,6 +145,7 @@ class _SiblingProduct:
         if getattr(last, "input", None) is not x:
             rows = onednn_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)   # [M, sum(sizes)]
             last.input, last.parts, last.taken = x, rows.split(self.sizes, dim=-1), set()
+        # Contiguous, as a separate product's output is: the kernels after it see the layout they always saw.
         out = last.parts[index].contiguous().view(*x.shape[:-1], self.sizes[index])
         last.taken.add(index)
         if len(last.taken) == len(self.sizes):        # every sibling served: let the tensors go
