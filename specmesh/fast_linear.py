@@ -245,7 +245,9 @@ def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False)
     "stock": torch's own nn.Linear.
     "int8-dynamic": specmesh.quantize; a different model, so never a silent default for a target.
     `batch_invariant` (with "packed" or "bf16"): attention too runs on oneDNN products, so a
-    position's logits are the same bits however it is batched or chunked (specmesh/invariant.py).
+    position's logits are the same bits however it is batched or chunked (specmesh/invariant.py), and a
+    causal LM's forward runs without transformers' per-layer plumbing where a probe shows the same bits
+    (specmesh/lean_decoder.py).
     """
     from specmesh.config import LINEAR_KERNELS
 
@@ -263,6 +265,10 @@ def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False)
             pack_linears(model)
         if kernels == "bf16":
             _use_bf16(model)
+        if packed:   # last: its probe runs the layers as they will be served
+            from specmesh.lean_decoder import use_lean_forward
+
+            use_lean_forward(model)
         return
     if kernels == "int8-dynamic":
         from specmesh.quantize import quantize_linears

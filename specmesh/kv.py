@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from specmesh import engine_host, fingerprint, tree
 from specmesh.errors import CacheMiss, InvalidArgument
-from specmesh.models import cache_kwargs
+from specmesh.lean_decoder import lm_forward
 from specmesh.padded_cache import new_cache
 
 # Tokens per forward pass when feeding a long sequence (see KVSession.forward).
@@ -183,11 +183,11 @@ class KVSession(TokenHistory):
         if parents is not None:   # the last len(parents) fed tokens are a tree's nodes
             positions, mask = tree.attention_mask(self.model, self.cached_len, len(feed) - len(parents), parents)
             layout = {"position_ids": positions, "attention_mask": mask}
-        out = self.model(input_ids=input_ids, logits_to_keep=rows, output_hidden_states=features is not None,
-                         **layout, **cache_kwargs(self.model, self.cache))
+        logits, hidden = lm_forward(self.model, input_ids, self.cache, rows=rows, hidden=features is not None,
+                                    **layout)
         if features is not None:
-            features.append(out.hidden_states[-1][0])                                  # [T, H]
-        return out.logits[0]                                                           # [rows, V]
+            features.append(hidden[0])                                                 # [T, H]
+        return logits[0]                                                               # [rows, V]
 
 
 def tensor_bytes(tensor, seen: set) -> int:

@@ -140,6 +140,55 @@ def test_sibling_products_stay_apart_where_fusing_would_change_bits(monkeypatch,
     assert "left unfused" in caplog.text
 
 
+def _features(model):
+    """The last hidden states a Verify returns for EAGLE drafts: one session alone, then batched."""
+    session = KVSession("a", model)
+    session.sync(0, TOKENS[:P])
+    session.forward(TOKENS[P:P + 4], features=True)
+    alone = session.fed_features[1]
+    others = [KVSession(name, model) for name in ("b", "c")]
+    for s, prompt in zip(others, (TOKENS[::-1][:290], TOKENS[5:30])):
+        s.sync(0, prompt)
+        s.forward(last_only=True)
+    batched_forward(model, [others[0], session, others[1]], [[3, 4], TOKENS[P + 5:P + 7], [5]], [True, True, False])
+    return torch.cat([alone, session.fed_features[1], others[0].fed_features[1]])
+
+
+def test_the_lean_forward_gives_transformers_bits(models):
+    """The target's forward without transformers' per-layer plumbing (lean_decoder.use_lean_forward):
+    logits and returned features are transformers' bits on every path a verifier takes."""
+    from specmesh.lean_decoder import LEAN, use_lean_forward
+
+    _, model = models
+    paths = (_prefill, _steps, _batched, _tree_steps, _features)
+    assert getattr(model, LEAN, None) is None
+    want = [compute(model) for compute in paths]
+    assert use_lean_forward(model)
+    try:
+        got = [compute(model) for compute in paths]
+    finally:
+        setattr(model, LEAN, None)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_a_model_the_lean_forward_does_not_fit_keeps_transformers(monkeypatch, caplog):
+    """A probe that sees other bits (simulated: one ulp added to the lean decoder's output) leaves the model
+    on transformers' forward, with a warning; so does a model on another attention."""
+    from specmesh import lean_decoder
+
+    stock = _llama(kv_heads=2)
+    assert not lean_decoder.use_lean_forward(stock)                     # SDPA: not the lean decoder's attention
+    real = lean_decoder.LeanDecoder.__call__
+    monkeypatch.setattr(lean_decoder.LeanDecoder, "__call__",
+                        lambda self, *a, **k: torch.nextafter(real(self, *a, **k), torch.tensor(float("inf"))))
+    model = _llama(kv_heads=2)
+    apply_kernels(model, "packed", batch_invariant=True)
+    assert model.config._attn_implementation == ATTENTION
+    assert getattr(model, lean_decoder.LEAN) is None
+    assert "keeps transformers' forward" in caplog.text
+
+
 def test_a_tree_node_gets_the_bits_of_its_path_fed_as_a_chain(models):
     """A draft tree puts masked keys (other branches) between a node's ancestors, not only after them:
     its rows still carry the chain's bits, so a tree verify keeps sampled outputs reproducible."""
@@ -183,6 +232,7 @@ def test_apply_kernels_turns_it_on_only_with_packed_fp32_cpu_weights():
     assert half.config._attn_implementation != ATTENTION
     apply_kernels(model, "packed", batch_invariant=True)
     assert model.config._attn_implementation == ATTENTION
+    assert model.specmesh_lean is not None          # and the forward runs on specmesh.lean_decoder
 
 
 def test_a_rebuilt_verifier_cache_scores_sampled_drafts_identically(tiny_models):

@@ -25,7 +25,7 @@ import torch
 
 from transformers import DynamicCache
 
-from specmesh import fast_linear, invariant
+from specmesh import fast_linear, invariant, lean_decoder
 from specmesh.kv import KVSession
 from specmesh.models import load_model
 
@@ -38,8 +38,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--sizes", default="1,2,3,5,9")
     parser.add_argument("--variants", default="stock,packed,batch-invariant",
-                        help="stock, packed, packed-all, batch-invariant, batch-invariant-unfused (a product per "
-                             "linear layer, as before sibling projections were fused), batch-invariant-unpadded")
+                        help="stock, packed, packed-all, batch-invariant (as served: fused, on the lean decoder), "
+                             "batch-invariant-transformers (the same on transformers' forward, as before the lean "
+                             "decoder), batch-invariant-unfused (a product per linear layer and transformers' "
+                             "forward, as before sibling projections were fused), batch-invariant-unpadded")
     parser.add_argument("--grow", type=int, default=0, help="tokens the context grows each round (0: fixed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -53,6 +55,8 @@ def main() -> None:
             fast_linear.pack_linears(model)
         if name.startswith("batch-invariant"):
             invariant.make_batch_invariant(model, fuse=name != "batch-invariant-unfused")
+            if name == "batch-invariant":
+                lean_decoder.use_lean_forward(model)
         if name == "packed-all":   # oneDNN for single rows too, to show why M = 1 keeps F.linear
             for module in model.modules():
                 if isinstance(module, fast_linear.PackedLinear):

@@ -23,7 +23,8 @@ from specmesh import telemetry, tree
 from specmesh.engine_host import Caller, EngineHost, caller
 from specmesh.errors import ResourceExhausted
 from specmesh.kv import KVSession
-from specmesh.models import cache_kwargs, custom_attention_mask
+from specmesh.lean_decoder import lm_forward
+from specmesh.models import custom_attention_mask
 from specmesh.padded_cache import new_cache
 
 
@@ -87,10 +88,8 @@ def batched_forward(model, sessions: Sequence[KVSession], extras: Sequence[Seque
             keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
             values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
         batch_cache.update(torch.cat(keys), torch.cat(values), layer)                  # [n, H, L, D]
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                output_hidden_states=any(features), **cache_kwargs(model, batch_cache))
-    logits = out.logits.float()                                                        # [n, T, V]
-    hidden = out.hidden_states[-1] if any(features) else None                          # [n, T, H]
+    logits, hidden = lm_forward(model, input_ids, batch_cache, mask, positions, hidden=any(features))
+    logits = logits.float()                                                            # [n, T, V]; hidden [n, T, H]
     rows = []
     for i, (s, feed, length, extra) in enumerate(zip(sessions, feeds, lengths, extras)):
         s.fed_features = (length, hidden[i, :len(feed)]) if features[i] else None      # only its unpadded rows
