@@ -79,17 +79,21 @@ def lean_decoder(model) -> LeanDecoder | None:
     if config.model_type != "llama" or config._attn_implementation != ATTENTION:
         return None
     lean = LeanDecoder(model)
+    return lean if _fits(_probe, model, lean, "the draft", "its hidden states") else None
+
+
+def _fits(probe, model, lean, who: str, what: str) -> bool:
+    """Run `probe(model, lean)`; on other bits, or an error, log why `who` keeps transformers' forward."""
     try:
         with torch.inference_mode():
-            same = _probe(model, lean)
+            same = probe(model, lean)
     except (AttributeError, TypeError, ValueError, RuntimeError, NotImplementedError) as error:
         same, why = False, f"{type(error).__name__}: {error}"
     else:
-        why = "its hidden states differ from transformers' forward"
+        why = f"{what} differ from transformers' forward"
     if not same:
-        log.warning("the draft keeps transformers' forward: the lean decoder does not fit it (%s)", why)
-        return None
-    return lean
+        log.warning("%s keeps transformers' forward: the lean decoder does not fit it (%s)", who, why)
+    return same
 
 
 def _probe(model, lean: LeanDecoder) -> bool:
@@ -163,15 +167,7 @@ def use_lean_forward(model) -> bool:
             or getattr(inner.config, "model_type", None) != "llama" or inner.config._attn_implementation != ATTENTION:
         return False
     lean = LeanCausalLM(model, LeanDecoder(inner))
-    try:
-        with torch.inference_mode():
-            same = _probe_lm(model, lean)
-    except (AttributeError, TypeError, ValueError, RuntimeError, NotImplementedError) as error:
-        same, why = False, f"{type(error).__name__}: {error}"
-    else:
-        why = "its logits or hidden states differ from transformers' forward"
-    if not same:
-        log.warning("the model keeps transformers' forward: the lean decoder does not fit it (%s)", why)
+    if not _fits(_probe_lm, model, lean, "the model", "its logits or hidden states"):
         return False
     setattr(model, LEAN, lean)
     log.info("forward passes run on the lean decoder (same bits as transformers' forward)")
