@@ -27,7 +27,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
     phases = ", ".join(f"{name.split()[0]} {seconds / 60:.1f} min" for name, seconds in timings.seconds.items())
     # What the training data hold (a --max-train-batches budget keeps the greedy batches, which come first).
     greedy_share = sum(e["temperature"] == 0 for e in data.train) / max(1, len(data.train))
-    eagle = getattr(args, "arch", "lm") == "eagle"
+    eagle = args.arch == "eagle"
     self_written = data.n_self_written
     written_note = (f",\n  and to {self_written} requests the target wrote itself into its chat template from each "
                     f"category's first words\n  (`--self-prompts-per-category`, distill/self_prompts.py)"
@@ -40,13 +40,13 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
         init = (f"the target's embedding rows for those tokens (tied input/output, frozen: they are the target's "
                 f"head), its last {args.layers} decoder layer(s) and its final norm; `fc` passes the feature through")
         loss = (f"loss = cross-entropy against the target's distribution over the draft vocabulary (exact, from "
-                f"its features) at {'every position, prompt and answer' if getattr(args, 'prompt_positions', False) else 'answer positions'}"
+                f"its features) at {'every position, prompt and answer' if args.prompt_positions else 'answer positions'}"
                 f" + 0.2 x smooth L1 to its next feature, {args.passes} pass(es) per batch"
                 + (" (pass 2 reads the draft's own features, as its later draft tokens do)" if args.passes > 1 else "")
                 + (f", the first weighing {args.first_pass_weight:g} of the loss"
-                   if getattr(args, "first_pass_weight", None) is not None and args.passes > 1 else "")
+                   if args.first_pass_weight is not None and args.passes > 1 else "")
                 + (f", the features read with uniform noise in [-{args.feature_noise:g}, {args.feature_noise:g}]"
-                   if getattr(args, "feature_noise", 0.0) else ""))
+                   if args.feature_noise else ""))
     else:
         what = f"A {args.layers}-layer draft over"
         serve = "Serve it with `specmesh serve draft --draft-model <this folder>` (or `specmesh up --draft-model ...`)."
@@ -72,7 +72,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
   downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear
-  kernels (`--generation-kernels`), finished rows {'dropped from' if getattr(args, 'finished_rows', 'drop') == 'drop' else 'kept in'}
+  kernels (`--generation-kernels`), finished rows {'dropped from' if args.finished_rows == 'drop' else 'kept in'}
   their batch (`--finished-rows`).
 - vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens seen (FR-Spec); they cover
   {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.

@@ -37,12 +37,12 @@ def split_prompts(args) -> tuple[list[Prompt], list[Prompt]]:
 
 def make_data(args, target, work: Path) -> Data:
     train_prompts, heldout_prompts = split_prompts(args)
-    drop = getattr(args, "finished_rows", "drop") == "drop"
+    drop = args.finished_rows == "drop"
     plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           greedy_fraction=args.greedy_fraction, temperature=args.temperature, drop_finished_rows=drop)
     heldout_plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                   greedy_fraction=1.0, drop_finished_rows=drop)
-    limit = getattr(args, "max_train_batches", None)
+    limit = args.max_train_batches
     total = min(len(train_prompts), limit * plan.batch_size if limit else len(train_prompts)) + len(heldout_prompts)
     with tqdm(total=total, desc="target generations", unit="prompt", dynamic_ncols=True) as bar:
         train_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, train_prompts,
@@ -60,7 +60,7 @@ def make_data(args, target, work: Path) -> Data:
 def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[dict]:
     """Answers to requests the target wrote itself (distill.self_prompts), training only. They live in
     their own folder under the work folder, so adding them reuses the template answers already there."""
-    n = getattr(args, "self_prompts_per_category", 0)
+    n = args.self_prompts_per_category
     if not n:
         return []
     from distill.self_prompts import BenchFilter, write_prompts
@@ -87,14 +87,14 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
 
 def train_key(args) -> str:
     key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
-    if getattr(args, "self_prompts_per_category", 0):
+    if args.self_prompts_per_category:
         key += f"-self{args.self_prompts_per_category}"
     if args.arch != "eagle":
         return key + f"-kd{args.kd_weight}"
-    first = getattr(args, "first_pass_weight", None)
+    first = args.first_pass_weight
     return (key + f"-eagle-p{args.passes}" + (f"-w{first}" if first is not None else "")
-            + ("-pp" if getattr(args, "prompt_positions", False) else "")
-            + (f"-n{args.feature_noise:g}" if getattr(args, "feature_noise", 0.0) else ""))
+            + ("-pp" if args.prompt_positions else "")
+            + (f"-n{args.feature_noise:g}" if args.feature_noise else ""))
 
 
 def train(args, target, data: Data, work: Path, device: str):
@@ -127,8 +127,8 @@ def train(args, target, data: Data, work: Path, device: str):
         rows = target.model.get_output_embeddings().weight.detach().float()[torch.tensor(draft_to_target)]
         options = dict(collate_fn=eagle_train.collate, loss_of=eagle_train.eagle_loss(args.passes, rows.to(device),
                                                                                     args.prompt_positions,
-                                                                                    getattr(args, "first_pass_weight", None),
-                                                                                    getattr(args, "feature_noise", 0.0),
+                                                                                    args.first_pass_weight,
+                                                                                    args.feature_noise,
                                                                                     args.seed),
                        trainable=eagle_train.trainable)
     else:

@@ -120,12 +120,12 @@ def check_arguments(args) -> None:
         problems.append(f"--self-prompts-per-category must be 0 or more, got {args.self_prompts_per_category}")
     if args.max_train_batches is not None and args.max_train_batches < 1:
         problems.append(f"--max-train-batches must be at least 1, got {args.max_train_batches}")
-    first = getattr(args, "first_pass_weight", None)
+    first = args.first_pass_weight
     if first is not None and not 0.0 < first < 1.0:
         problems.append(f"--first-pass-weight must be in (0, 1), got {first}")
     if first is not None and (args.arch != "eagle" or args.passes < 2):
         problems.append("--first-pass-weight needs --arch eagle and --passes 2 or more")
-    noise = getattr(args, "feature_noise", 0.0)
+    noise = args.feature_noise
     if noise < 0 or noise != noise:
         problems.append(f"--feature-noise must be 0 or more, got {noise}")
     if noise and args.arch != "eagle":
@@ -162,7 +162,7 @@ def data_key(args, target_name: str, packed: bool = False) -> str:
                   t=args.max_new_tokens, b=args.batch_size, g=args.greedy_fraction, temp=args.temperature)
     if packed:
         fields["kernels"] = "packed"
-    if getattr(args, "finished_rows", "drop") == "drop":
+    if args.finished_rows == "drop":
         fields["rows"] = "drop"
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(target_name).name)
