@@ -75,11 +75,15 @@ class LeanDecoder:
 def lean_decoder(model) -> LeanDecoder | None:
     """A LeanDecoder for `model` (a transformers LlamaModel on the batch-invariant attention) when it gives
     transformers' own hidden states bit for bit on a probe; None (keep transformers' forward) otherwise."""
-    config = model.config
-    if config.model_type != "llama" or config._attn_implementation != ATTENTION:
+    if not _known(model.config):
         return None
     lean = LeanDecoder(model)
     return lean if _fits(_probe, model, lean, "the draft", "its hidden states") else None
+
+
+def _known(config) -> bool:
+    """A Llama decoder on the batch-invariant attention: the structure LeanDecoder runs."""
+    return getattr(config, "model_type", None) == "llama" and config._attn_implementation == ATTENTION
 
 
 def _fits(probe, model, lean, who: str, what: str) -> bool:
@@ -96,6 +100,13 @@ def _fits(probe, model, lean, who: str, what: str) -> bool:
     return same
 
 
+def _probe_tree() -> tuple[torch.Tensor, torch.Tensor]:
+    """Both probes' tree after 10 tokens: two siblings and a child of the first, masked to their ancestors.
+    (mask [1, 1, 3, 13], position_ids [1, 3])."""
+    tree = torch.tensor([[True, False, False], [False, True, False], [True, False, True]])
+    return torch.cat([torch.ones(3, 10, dtype=torch.bool), tree], dim=1)[None, None], torch.tensor([[10, 10, 11]])
+
+
 def _probe(model, lean: LeanDecoder) -> bool:
     """Three calls as a Propose makes them, through both paths: 8 tokens, 2 more after them, then 3 tree
     nodes (two siblings and a child of the first) masked to their ancestors."""
@@ -104,10 +115,8 @@ def _probe(model, lean: LeanDecoder) -> bool:
     hidden_size = model.config.hidden_size
     embeds = torch.linspace(-2, 2, 13 * hidden_size).view(1, 13, hidden_size).sin()
     ours, theirs = new_cache(model.config), new_cache(model.config)
-    tree = torch.tensor([[True, False, False], [False, True, False], [True, False, True]])
-    tree_mask = torch.cat([torch.ones(3, 10, dtype=torch.bool), tree], dim=1)[None, None]
     for part, mask, positions in ((slice(0, 8), None, None), (slice(8, 10), None, None),
-                                  (slice(10, 13), tree_mask, torch.tensor([[10, 10, 11]]))):
+                                  (slice(10, 13), *_probe_tree())):
         want = model(inputs_embeds=embeds[:, part], attention_mask=mask, position_ids=positions,
                      **cache_kwargs(model, theirs)).last_hidden_state
         got = lean(embeds[:, part], ours, mask, positions)
@@ -164,7 +173,7 @@ def use_lean_forward(model) -> bool:
     setattr(model, LEAN, None)
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(model, "lm_head") or not hasattr(inner, "embed_tokens") \
-            or getattr(inner.config, "model_type", None) != "llama" or inner.config._attn_implementation != ATTENTION:
+            or not _known(inner.config):
         return False
     lean = LeanCausalLM(model, LeanDecoder(inner))
     if not _fits(_probe_lm, model, lean, "the model", "its logits or hidden states"):
@@ -179,10 +188,7 @@ def _probe_lm(model, lean: LeanCausalLM) -> bool:
     and a batch of two caches of different lengths, left-padded, whose inputs are right-padded."""
     vocab = model.config.get_text_config().vocab_size
     ids = torch.arange(3, 3 + 16).remainder(vocab)[None]                                       # [1, 16]
-    tree = torch.tensor([[True, False, False], [False, True, False], [True, False, True]])
-    tree_mask = torch.cat([torch.ones(3, 10, dtype=torch.bool), tree], dim=1)[None, None]
-    calls = [(ids[:, :8], None, None, 0), (ids[:, 8:10], None, None, 1),
-             (ids[:, 10:13], tree_mask, torch.tensor([[10, 10, 11]]), 0)]
+    calls = [(ids[:, :8], None, None, 0), (ids[:, 8:10], None, None, 1), (ids[:, 10:13], *_probe_tree(), 0)]
     ours, theirs = new_cache(model.config), new_cache(model.config)
     for feed, mask, positions, rows in calls:
         if not _same(lm_forward(model, feed, theirs, mask, positions, rows, hidden=True),

@@ -86,16 +86,25 @@ def _tree_steps(model):
     return session.forward(TOKENS[P:P + 4])
 
 
-def _batched(model):
-    """Session a beside two others whose caches are longer and shorter (left padding differs)."""
+def _neighbours(model) -> list[KVSession]:
+    """Two sessions whose caches are longer and shorter than session a's (left padding differs)."""
     sessions = []
-    for name, prompt in [("long", TOKENS[::-1][:290]), ("a", TOKENS[:P - 6]), ("short", TOKENS[5:30])]:
+    for name, prompt in [("long", TOKENS[::-1][:290]), ("short", TOKENS[5:30])]:
         s = KVSession(name, model)
         s.sync(0, prompt)
         s.forward(last_only=True)
         sessions.append(s)
-    sessions[1].sync(P - 6, TOKENS[P - 6:P])
-    rows = batched_forward(model, sessions, [[3, 4], TOKENS[P:P + 4], [5, 6, 7, 8, 9, 10, 11]])
+    return sessions
+
+
+def _batched(model):
+    """Session a beside two others whose caches are longer and shorter (left padding differs)."""
+    session = KVSession("a", model)
+    session.sync(0, TOKENS[:P - 6])
+    session.forward(last_only=True)
+    session.sync(P - 6, TOKENS[P - 6:P])
+    long, short = _neighbours(model)
+    rows = batched_forward(model, [long, session, short], [[3, 4], TOKENS[P:P + 4], [5, 6, 7, 8, 9, 10, 11]])
     return rows[1]
 
 
@@ -146,12 +155,9 @@ def _features(model):
     session.sync(0, TOKENS[:P])
     session.forward(TOKENS[P:P + 4], features=True)
     alone = session.fed_features[1]
-    others = [KVSession(name, model) for name in ("b", "c")]
-    for s, prompt in zip(others, (TOKENS[::-1][:290], TOKENS[5:30])):
-        s.sync(0, prompt)
-        s.forward(last_only=True)
-    batched_forward(model, [others[0], session, others[1]], [[3, 4], TOKENS[P + 5:P + 7], [5]], [True, True, False])
-    return torch.cat([alone, session.fed_features[1], others[0].fed_features[1]])
+    long, short = _neighbours(model)
+    batched_forward(model, [long, session, short], [[3, 4], TOKENS[P + 5:P + 7], [5]], [True, True, False])
+    return torch.cat([alone, session.fed_features[1], long.fed_features[1]])
 
 
 def test_the_lean_forward_gives_transformers_bits(models):
