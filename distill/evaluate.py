@@ -137,16 +137,19 @@ def eagle_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_t
 
 
 def eagle_tree_greedy_steps(model: EagleDraft, target_to_draft: torch.Tensor, draft_to_target: torch.Tensor,
-                            example: dict, size: int, depth: int, branch: int) -> int:
-    """eagle_greedy_steps with a draft tree (specmesh.eagle.grow_tree): each step walks down the tree
-    while a child is the target's next token."""
+                            example: dict, size: int, depth: int, branch: int, min_score: float = float("-inf"),
+                            tally: dict | None = None) -> int:
+    """eagle_greedy_steps with a draft tree (specmesh.eagle.grow_tree, cut at `min_score`): each step walks
+    down the tree while a child is the target's next token. `tally["nodes"]`, if given, counts the nodes."""
     device = target_to_draft.device
 
     def rank(logits):
         return torch.log_softmax(logits[..., :-1].float(), dim=-1)
 
     def grow(logits, hidden, cache, position):
-        drafted, parents = grow_tree(model, cache, position, logits, hidden, size, depth, branch, rank)
+        drafted, parents = grow_tree(model, cache, position, logits, hidden, size, depth, branch, rank, min_score)
+        if tally is not None:
+            tally["nodes"] += len(drafted)
         ids = draft_to_target[torch.tensor(drafted, dtype=torch.long, device=device)].tolist() if drafted else []
         return ids, parents
 

@@ -78,6 +78,13 @@ class DraftConfig(ServiceSettings):
            "time per step; at k = 4, depth 3 accepted what depth 4 did held-out for 2.5 ms less a step. A wide "
            "tree (large k, on a GPU) wants more: 16 nodes at depth 6 with tree_branch 4 committed 2.17 tokens "
            "per step held-out")
+    tree_min_confidence: float = setting(
+        0.0, "the EAGLE drafters' trees keep only nodes whose whole path the draft gives at least this chance "
+             "(EAGLE-2's dynamic tree, cut by confidence): fewer nodes, none at all, and fewer draft passes "
+             "where the draft is unsure. Pays where each verified node costs the verifier: on an AVX2 CPU a node "
+             "costs ~6% of a step, and 0.1 gave held-out 1.77 tokens per step for 2.7 nodes and 2.5 passes "
+             "against 1.89 for 5 and 3, a ~4% faster step per token (docs/distill.md); `specmesh up` sets 0.1 "
+             "when the verifier runs on the CPU. 0: every tree has k nodes (a GPU verifies 16 for the cost of 4)")
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(
@@ -121,6 +128,8 @@ class DraftConfig(ServiceSettings):
             raise ValueError(f"tree_depth must be >= 1, got {self.tree_depth}")
         if self.tree_branch < 1:
             raise ValueError(f"tree_branch must be >= 1 (1: a chain), got {self.tree_branch}")
+        if not 0.0 <= self.tree_min_confidence < 1.0:
+            raise ValueError(f"tree_min_confidence must be in [0, 1) (0: off), got {self.tree_min_confidence}")
         if self.draft_head_tokens < 0:
             raise ValueError(f"draft_head_tokens must be >= 0 (0: the whole head), got {self.draft_head_tokens}")
 

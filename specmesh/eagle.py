@@ -140,7 +140,7 @@ def features_from_bytes(data: bytes, hidden: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def grow_tree(model: EagleDraft, cache, position: int, logits: torch.Tensor, hidden: torch.Tensor, size: int,
-              depth: int, branch: int, rank) -> tuple[list[int], list[int]]:
+              depth: int, branch: int, rank, min_score: float = float("-inf")) -> tuple[list[int], list[int]]:
     """Grow a draft tree of at most `size` nodes after the last committed token (EAGLE-2's dynamic tree).
 
     `cache` holds the draft's entries for every committed token; `logits` [n_out + 1] and `hidden` [H]
@@ -154,6 +154,9 @@ def grow_tree(model: EagleDraft, cache, position: int, logits: torch.Tensor, hid
     that the target accepts the whole path. The tree keeps the `size` best nodes (an ancestor always
     scores at least as high as its descendants, so the tree stays connected), in depth-first order,
     siblings best first: node 0, 1, ... is the draft's greedy chain as far as it was kept.
+
+    With `min_score` (a log-chance), a node whose path scores below it is never added: the tree is
+    smaller, or empty, where the draft is unsure, and stops growing when a layer adds nothing.
 
     Returns (draft ids, parents); the cache comes back holding the committed tokens only.
     """
@@ -171,7 +174,7 @@ def grow_tree(model: EagleDraft, cache, position: int, logits: torch.Tensor, hid
         values, ids = row.topk(min(branch, row.shape[-1]))
         new = []
         for value, index in zip(values.tolist(), ids.tolist()):
-            if value == float("-inf"):
+            if value == float("-inf") or base + value < min_score:
                 break
             tokens.append(index)
             parent_of.append(parent)

@@ -72,6 +72,28 @@ def wait_http_ok(url: str, process: subprocess.Popen | None, timeout_s: float, d
     raise TimeoutError(f"{describe} at {url} not healthy after {timeout_s:.0f} s")
 
 
+# The draft tier's tree_min_confidence when the verifier runs on a CPU: on an AVX2 CPU each verified
+# node costs ~6% of a 1-token step, and held out this cut the draft tree from 5 nodes to 2.7 for 94% of
+# its tokens per step (docs/distill.md, "A draft tree cut by confidence").
+CPU_TREE_MIN_CONFIDENCE = 0.1
+
+
+def shared_machine_defaults(tier: str, env: dict[str, str]) -> dict[str, str]:
+    """Settings for a tier that shares this machine with the others, where `env` leaves them unset."""
+    defaults: dict[str, str] = {}
+    if tier == "verifier" and "SPECMESH_TORCH_THREADS" not in env:
+        # Leave a core to the draft and the orchestrator: torch threads that outnumber free cores
+        # spin against each other and a step can take tens of times longer.
+        defaults["SPECMESH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 2) - 1))
+        # Except while it reads a prompt: the draft waits for that prompt's features, so every core is free.
+        defaults["SPECMESH_PREFILL_THREADS"] = str(os.cpu_count() or 1)
+    if tier == "draft" and env.get("SPECMESH_DEVICE", "cpu") == "cpu":
+        # The verifier runs on this machine's CPU (the tiers share the device setting), where every
+        # verified draft node costs a share of a step: draft trees keep only the nodes worth it.
+        defaults["SPECMESH_TREE_MIN_CONFIDENCE"] = str(CPU_TREE_MIN_CONFIDENCE)
+    return defaults
+
+
 @dataclass
 class Cluster:
     model: str | None = None
@@ -151,13 +173,7 @@ class Cluster:
 
     def _spawn(self, name: str, tier: str, args: list[str]) -> subprocess.Popen:
         env = {**os.environ, **self._tls_env(tier), **self.extra_env, **child_env(signal.SIGTERM)}
-        if tier == "verifier" and "SPECMESH_TORCH_THREADS" not in env:
-            # The tiers share this machine: leave a core to the draft and the orchestrator.
-            # torch threads that outnumber free cores spin against each other and a step
-            # can take tens of times longer.
-            env["SPECMESH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 2) - 1))
-            # Except while it reads a prompt: the draft waits for that prompt's features, so every core is free.
-            env.setdefault("SPECMESH_PREFILL_THREADS", str(os.cpu_count() or 1))
+        env = {**shared_machine_defaults(tier, env), **env}
         out: IO | None = None
         log_path = None
         if self.log_dir is not None:

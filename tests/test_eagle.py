@@ -54,9 +54,12 @@ def eagle(tiny_models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(tiny_models, eagle, redis_url, tmp_path_factory):
+    # Full trees: the tiny random draft is rarely sure of anything, and a tree cut by confidence (the CPU
+    # default of `specmesh up`) would seldom draft (test_a_tree_cut_by_confidence_... restarts it cut).
     cluster = Cluster(model=str(tiny_models["target"]), eagle_model=str(eagle[1]), port=free_port(),
                       redis_url=redis_url, draft_replicas=2, orchestrator_replicas=2,
-                      log_dir=tmp_path_factory.mktemp("logs-eagle"), startup_timeout_s=900)
+                      log_dir=tmp_path_factory.mktemp("logs-eagle"), startup_timeout_s=900,
+                      extra_env={"SPECMESH_TREE_MIN_CONFIDENCE": "0"})
     with cluster:
         yield cluster
 
@@ -154,6 +157,81 @@ def test_a_tree_grows_each_node_from_its_own_path(eagle, invariant):
         for step in tree.path_to(parents, node):
             row, feature = chain.feed_draft(int(drafter.draft_to_target[ids[step]]), feature)
         assert sorted(ids[c] for c in kids[node + 1]) == sorted(rank(row[None])[0].topk(2).indices.tolist()), node
+
+
+def _path_scores(drafter, tokens, feats, ids, parents, rank) -> list[float]:
+    """Each node's path log-chance, from chains fed along its path (as the test above checks trees)."""
+    scores: list[float] = []
+    for node in range(len(ids)):
+        chain = drafter.new_state("score")
+        chain.sync(0, tokens, features=feats)
+        row, feature = chain.feed_committed()
+        for step in tree.path_to(parents, node)[:-1]:
+            row, feature = chain.feed_draft(int(drafter.draft_to_target[ids[step]]), feature)
+        parent = parents[node]
+        scores.append((scores[parent] if parent >= 0 else 0.0) + float(rank(row[None])[0, ids[node]]))
+    return scores
+
+
+def test_a_tree_cut_by_confidence_keeps_the_paths_the_draft_gives_that_chance(eagle):
+    """tree_min_confidence: a node is kept only when the draft gives its whole path that chance. The cut
+    tree is the full tree's nodes that reach it; above every first token's chance it is empty, the
+    drafter proposes nothing (the step verifies no drafts) and its state stays the committed tokens."""
+    target, folder = eagle
+    drafter = EagleDrafter(load_eagle(str(folder), target=target.info), tree_branch=2)
+    tokens = target.tokenizer.encode("the quick brown fox jumps over")
+    feats = before(features_of(target, tokens))
+
+    def rank(rows):
+        return torch.log_softmax(mask_other(rows).float(), dim=-1)
+
+    def grown(min_score: float) -> set[tuple[int, ...]]:
+        state = drafter.new_state("cut")
+        state.sync(0, tokens, features=feats)
+        logits, hidden = state.feed_committed()
+        ids, parents = grow_tree(drafter.model, state.cache, len(tokens), logits, hidden, size=100, depth=3,
+                                 branch=2, rank=rank, min_score=min_score)
+        assert state.cache.get_seq_length() == len(tokens)
+        tree.check_parents(parents, len(ids))
+        return {tuple(ids[n] for n in tree.path_to(parents, node)) for node in range(len(ids))}, ids, parents
+
+    full, ids, parents = grown(float("-inf"))
+    scores = _path_scores(drafter, tokens, feats, ids, parents, rank)
+    ranked = sorted(scores)
+    # A threshold in the widest gap around the middle: no node sits near it, whatever the float rounding.
+    gap = max(range(len(ranked) // 4, 3 * len(ranked) // 4), key=lambda i: ranked[i + 1] - ranked[i])
+    threshold = (ranked[gap] + ranked[gap + 1]) / 2
+    kept = {tuple(ids[n] for n in tree.path_to(parents, node)) for node in range(len(ids))
+            if scores[node] >= threshold}
+    cut, _, _ = grown(threshold)
+    assert cut == kept and 0 < len(cut) < len(full)
+    assert grown(max(scores[node] for node in range(len(ids)) if parents[node] < 0) + 1e-3)[0] == set()
+
+    for confidence, wanted in ((0.0, 5), (0.999999, 0)):
+        cutting = EagleDrafter(load_eagle(str(folder), target=target.info), tree_branch=2,
+                               tree_min_confidence=confidence)
+        state = cutting.new_state("drafter")
+        state.sync(0, tokens, features=feats)
+        assert len(cutting.propose(state, 5, SamplingParams(), 0, top_n=8)) == wanted
+        assert state.tokens == tokens and state.cache.get_seq_length() == len(tokens)
+
+
+def test_tree_min_confidence_must_be_a_chance_below_one():
+    from specmesh.config import DraftConfig
+
+    for bad in (-0.1, 1.0, 2.0):
+        with pytest.raises(ValueError, match="tree_min_confidence"):
+            DraftConfig(tree_min_confidence=bad)
+    assert DraftConfig(tree_min_confidence=0.25).tree_min_confidence == 0.25
+
+
+def test_specmesh_up_cuts_trees_where_the_verifier_runs_on_the_cpu():
+    from specmesh_cli.launcher import CPU_TREE_MIN_CONFIDENCE, shared_machine_defaults
+
+    assert shared_machine_defaults("draft", {}) == {"SPECMESH_TREE_MIN_CONFIDENCE": str(CPU_TREE_MIN_CONFIDENCE)}
+    assert shared_machine_defaults("draft", {"SPECMESH_DEVICE": "cuda"}) == {}
+    assert "SPECMESH_TREE_MIN_CONFIDENCE" not in shared_machine_defaults("verifier", {})
+    assert "SPECMESH_TORCH_THREADS" not in shared_machine_defaults("verifier", {"SPECMESH_TORCH_THREADS": "2"})
 
 
 def test_the_lean_decoder_drafts_what_transformers_forward_drafts(eagle):
@@ -329,6 +407,33 @@ def test_the_first_token_waits_for_no_draft(cluster, drafter):
     assert len(chunks[0].token_ids) == 1 and chunks[0].step.draft_tokens == 0
     assert chunks[1].step.draft_tokens > 0
     assert [t for c in chunks for t in c.token_ids] == reference.token_ids
+
+
+def test_a_tree_cut_by_confidence_through_the_services_keeps_the_output(cluster):
+    """Draft replicas whose trees come out empty (no node reaches the confidence asked): every eagle step
+    that grows a tree verifies no drafts, the features still travel, and greedy output is the target's,
+    for eagle and eagle-hybrid (whose lookup still proposes)."""
+    drafts = [f"draft-{i}" for i in range(len(cluster.draft_ports))]
+
+    def restart(confidence: str) -> None:
+        cluster.extra_env["SPECMESH_TREE_MIN_CONFIDENCE"] = confidence
+        for name in drafts:
+            cluster.stop_tier(name)
+            cluster.start_tier(name)
+        cluster.wait()
+
+    restart("0.999999")
+    try:
+        with Client(cluster.address) as client:
+            for drafter in ("eagle", "eagle-hybrid"):
+                for prompt in PROMPTS:
+                    reference = client.generate(prompt, k=0, **GREEDY)
+                    got = client.generate(prompt, k=4, drafter=drafter, **GREEDY)
+                    assert got.token_ids == reference.token_ids, (drafter, prompt)
+                    if drafter == "eagle":   # but a last step with room for one token: a chain, never cut
+                        assert got.stats.draft_tokens <= 1 and got.stats.steps >= len(got.token_ids) - 1
+    finally:
+        restart("0")
 
 
 def test_killing_a_draft_replica_mid_stream_keeps_the_output(cluster, redis_url):

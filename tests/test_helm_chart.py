@@ -519,6 +519,21 @@ def test_tier_settings_render_as_their_environment_variables():
     assert env_of(container(deployments[f"{FULLNAME}-orchestrator"]))["SPECMESH_SESSION_TTL_S"]["value"] == "900"
 
 
+def test_draft_trees_are_cut_by_confidence_where_the_verifier_runs_on_the_cpu(dev, prod):
+    """As `specmesh up` does: a CPU verifier pays for every verified node, a GPU one hardly does; a
+    tree_min_confidence in the draft's settings wins, and is rendered once."""
+    def draft_env(docs):
+        deployment = of_kind(docs, "Deployment")[f"{FULLNAME}-draft"]
+        names = [e["name"] for e in container(deployment).get("env", [])]
+        assert names.count("SPECMESH_TREE_MIN_CONFIDENCE") <= 1
+        return env_of(container(deployment))
+
+    assert draft_env(dev)["SPECMESH_TREE_MIN_CONFIDENCE"]["value"] == "0.1"
+    assert "SPECMESH_TREE_MIN_CONFIDENCE" not in draft_env(prod)
+    chosen = render({"draft": {"settings": {"tree_min_confidence": 0.05}}})
+    assert draft_env(chosen)["SPECMESH_TREE_MIN_CONFIDENCE"]["value"] == "0.05"
+
+
 def test_a_setting_the_tier_does_not_have_is_refused():
     with pytest.raises(helm.HelmError, match="settings"):
         render({"draft": {"settings": {"max_batch": 4}}})   # a verifier setting

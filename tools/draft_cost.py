@@ -3,9 +3,9 @@
     PYTHONPATH=$PWD python tools/draft_cost.py [--draft smollm2-eagle] \
         [--variants packed:0,bf16:0,packed:2048,bf16:2048,bf16:2048:2:3] [--heldout WORK_FOLDER]
 
-A variant is LINEAR_KERNELS:DRAFT_HEAD_TOKENS[:TREE_BRANCH[:TREE_DEPTH]], the
-draft tier's settings (`--linear-kernels`, `--draft-head-tokens`,
-`--tree-branch`, `--tree-depth`, each defaulting as the tier does;
+A variant is LINEAR_KERNELS:DRAFT_HEAD_TOKENS[:TREE_BRANCH[:TREE_DEPTH[:TREE_MIN_CONFIDENCE]]],
+the draft tier's settings (`--linear-kernels`, `--draft-head-tokens`,
+`--tree-branch`, `--tree-depth`, `--tree-min-confidence`, each defaulting as the tier does;
 batch-invariant numerics stay on, as served). Each is loaded through the
 drafter's own from_config, so this is the code the service runs: an EAGLE
 draft proposes a tree unless its branch is 1.
@@ -21,11 +21,15 @@ saves shows only with a growing context.
 Acceptance (with --heldout, a `specmesh distill` work folder): the greedy
 committed tokens per step at k over its held-out answers, replayed as the
 model card's figure is (distill/evaluate.py), with the variant's chain or
-tree and its served numerics, never Spec-Bench.
+tree and its served numerics, never Spec-Bench. For a tree, also the nodes
+verified and the draft passes run per step (the first pass reads the
+committed tokens, one more per layer grown): with a confidence cut both vary
+by step, and the cost above, of a context of made-up tokens, does not show it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import statistics
 import time
@@ -47,7 +51,8 @@ def load(draft: str, variant: str):
     model._load.cache_clear()
     kernels, head, *tree = variant.split(":")
     settings = dict(linear_kernels=kernels, draft_head_tokens=int(head or 0))
-    settings.update(zip(("tree_branch", "tree_depth"), map(int, tree)))
+    settings.update({name: kind(value) for (name, kind), value
+                     in zip((("tree_branch", int), ("tree_depth", int), ("tree_min_confidence", float)), tree)})
     if is_eagle_draft(resolve_draft(draft)):
         return eagle.EagleDrafter.from_config(DraftConfig(eagle_model=draft, **settings))
     return model.ModelDrafter.from_config(DraftConfig(draft_model=draft, **settings))
@@ -74,7 +79,8 @@ def tree_shape(drafter, k: int) -> tuple[int, int] | None:
     return drafter.tree_shape(k) if hasattr(drafter, "tree_shape") else None
 
 
-def acceptance(drafter, work: str, k: int) -> float:
+def acceptance(drafter, work: str, k: int) -> str:
+    """Held-out greedy committed tokens per step, and for a tree its nodes and draft passes per step."""
     from distill.evaluate import eagle_greedy_steps, eagle_tree_greedy_steps, greedy_steps
     from distill.generate import load_examples
 
@@ -84,15 +90,37 @@ def acceptance(drafter, work: str, k: int) -> float:
     model, t2d, d2t = drafter.model, drafter.target_to_draft, drafter.draft_to_target
     shape = tree_shape(drafter, k)
     tokens = steps = 0
-    for e in examples:
-        if shape is not None:
-            steps += eagle_tree_greedy_steps(model, t2d, d2t, e, k, *shape)
-        elif getattr(drafter, "uses_target_features", False):
-            steps += eagle_greedy_steps(model, t2d, d2t, e, k)
-        else:
-            steps += greedy_steps(model, t2d, d2t, e["prompt_ids"], e["response_ids"], k)
-        tokens += len(e["response_ids"])
-    return tokens / steps
+    tally = {"nodes": 0, "passes": 0}
+    with _counting_passes(model, tally):
+        for e in examples:
+            if shape is not None:
+                steps += eagle_tree_greedy_steps(model, t2d, d2t, e, k, *shape, min_score=drafter.tree_min_score,
+                                                 tally=tally)
+            elif getattr(drafter, "uses_target_features", False):
+                steps += eagle_greedy_steps(model, t2d, d2t, e, k)
+            else:
+                steps += greedy_steps(model, t2d, d2t, e["prompt_ids"], e["response_ids"], k)
+            tokens += len(e["response_ids"])
+    figure = f"{tokens / steps:.3f}"
+    if shape is not None:
+        figure += f" ({tally['nodes'] / steps:.2f} nodes, {tally['passes'] / steps:.2f} draft passes a step)"
+    return figure
+
+
+@contextlib.contextmanager
+def _counting_passes(model, tally: dict):
+    """Count the draft's forward passes into tally["passes"] for the duration of the block."""
+    forward = model.forward
+
+    def counted(*args, **kwargs):
+        tally["passes"] += 1
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    try:
+        yield
+    finally:
+        del model.forward
 
 
 def main() -> None:
@@ -141,7 +169,7 @@ def main() -> None:
         if args.heldout:
             shape = tree_shape(drafter, args.k)
             what = f"tree of {args.k}, depth {shape[0]}, branch {shape[1]}" if shape else f"chain of {args.k}"
-            line += f"   held-out committed tokens/step ({what}): {acceptance(drafter, args.heldout, args.k):.3f}"
+            line += f"   held-out committed tokens/step ({what}): {acceptance(drafter, args.heldout, args.k)}"
         print(line, flush=True)
 
 

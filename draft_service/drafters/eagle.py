@@ -15,6 +15,7 @@ processed like p, truncated to top_n, drawn with (seed, position).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Sequence
 
 import torch
@@ -101,10 +102,13 @@ class EagleDrafter(Drafter):
     name = "eagle"
     uses_target_features = True
 
-    def __init__(self, draft: DistilledDraft, tree_branch: int = 1, tree_depth: int = 6):
+    def __init__(self, draft: DistilledDraft, tree_branch: int = 1, tree_depth: int = 6,
+                 tree_min_confidence: float = 0.0):
         self.draft = draft
         self.tree_branch = tree_branch                                # > 1: propose draft trees
         self.tree_depth = tree_depth
+        # A tree node's path must score at least this (a log-chance; -inf: every tree has k nodes).
+        self.tree_min_score = math.log(tree_min_confidence) if tree_min_confidence > 0 else -math.inf
         self.model = draft.model
         self.model_name = draft.info.name
         self.vocab_size = draft.info.vocab_size
@@ -119,7 +123,7 @@ class EagleDrafter(Drafter):
         if not config.eagle_model or config.eagle_model.strip().lower() == "none":
             return None
         drafter = _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch,
-                        config.tree_depth)
+                        config.tree_depth, config.tree_min_confidence)
         apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
         if drafter.model.lean is None:   # after the kernels: it runs the layers as they will be served
             drafter.model.lean = lean_decoder(drafter.model.lm.model)
@@ -166,13 +170,14 @@ class EagleDrafter(Drafter):
 
         with torch.inference_mode():
             ids, parents = grow_tree(self.model, state.cache, len(state.tokens), logits, hidden, k,
-                                     depth=depth, branch=branch, rank=rank)
+                                     depth=depth, branch=branch, rank=rank, min_score=self.tree_min_score)
         tokens = self.draft_to_target[torch.tensor(ids, dtype=torch.long, device=self.draft_to_target.device)]
         return [DraftProposal.point_mass(int(t), parent) for t, parent in zip(tokens.tolist(), parents)]
 
 
 @functools.lru_cache(maxsize=4)
-def _load(spec: str, device: str, head_tokens: int, tree_branch: int, tree_depth: int) -> EagleDrafter:
+def _load(spec: str, device: str, head_tokens: int, tree_branch: int, tree_depth: int,
+          tree_min_confidence: float) -> EagleDrafter:
     draft = load_eagle(resolve_draft(spec), device=device)
     cut_head(draft.model.lm, head_tokens)
-    return EagleDrafter(draft, tree_branch, tree_depth)
+    return EagleDrafter(draft, tree_branch, tree_depth, tree_min_confidence)

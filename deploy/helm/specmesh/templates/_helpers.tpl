@@ -653,3 +653,10 @@ grpc:
   service: {{ .service | quote }}
 {{- end -}}
 {{- end }}
+
+{{/*
+The verifier's device: verifier.device, else "cuda" when it asks for a GPU, else "cpu".
+*/}}
+{{- define "specmesh.verifierDevice" -}}
+{{- default (ternary "cuda" "cpu" (gt (int .Values.verifier.gpu) 0)) .Values.verifier.device -}}
+{{- end -}}
