@@ -82,9 +82,10 @@ class DraftConfig(ServiceSettings):
         0.0, "the EAGLE drafters' trees keep only nodes whose whole path the draft gives at least this chance "
              "(EAGLE-2's dynamic tree, cut by confidence): fewer nodes, none at all, and fewer draft passes "
              "where the draft is unsure. Pays where each verified node costs the verifier: on an AVX2 CPU a node "
-             "costs ~6% of a step, and 0.1 gave held-out 1.77 tokens per step for 2.7 nodes and 2.5 passes "
-             "against 1.89 for 5 and 3, a ~4% faster step per token (docs/distill.md); `specmesh up` sets 0.1 "
-             "when the verifier runs on the CPU. 0: every tree has k nodes (a GPU verifies 16 for the cost of 4)")
+             "costs ~6% of a step, and 0.1 kept held-out 1.77 of 1.89 tokens per step for 2.7 of 5 nodes and "
+             "2.5 of 3 draft passes, 1.50x against 1.42x over target-only on Spec-Bench (docs/distill.md); "
+             "`specmesh up` sets 0.1 when the verifier runs on the CPU. 0: every tree has k nodes (a GPU "
+             "verifies 16 for the cost of 4)")
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(
