@@ -528,7 +528,9 @@ def test_draft_trees_are_cut_by_confidence_where_the_verifier_runs_on_the_cpu(de
         assert names.count("SPECMESH_TREE_MIN_CONFIDENCE") <= 1
         return env_of(container(deployment))
 
-    assert draft_env(dev)["SPECMESH_TREE_MIN_CONFIDENCE"]["value"] == "0.1"
+    from specmesh_cli.launcher import CPU_TREE_MIN_CONFIDENCE
+
+    assert draft_env(dev)["SPECMESH_TREE_MIN_CONFIDENCE"]["value"] == str(CPU_TREE_MIN_CONFIDENCE)
     assert "SPECMESH_TREE_MIN_CONFIDENCE" not in draft_env(prod)
     chosen = render({"draft": {"settings": {"tree_min_confidence": 0.05}}})
     assert draft_env(chosen)["SPECMESH_TREE_MIN_CONFIDENCE"]["value"] == "0.05"
