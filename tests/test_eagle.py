@@ -127,6 +127,21 @@ def test_a_read_ahead_caches_the_prompt_and_changes_no_proposal(eagle):
     assert [p.token_id for p in got] == [p.token_id for p in want]
 
 
+def _rank(rows):
+    """Greedy log-scores of the next draft token, as the drafter ranks tree nodes."""
+    return torch.log_softmax(mask_other(rows).float(), dim=-1)
+
+
+def _chain_row(drafter, tokens, feats, ids, parents, node) -> torch.Tensor:
+    """The draft's output after the committed tokens and a chain fed along `node`'s path (-1: the root)."""
+    chain = drafter.new_state("chain")
+    chain.sync(0, tokens, features=feats)
+    row, feature = chain.feed_committed()
+    for step in tree.path_to(parents, node):
+        row, feature = chain.feed_draft(int(drafter.draft_to_target[ids[step]]), feature)
+    return row
+
+
 @pytest.mark.parametrize("invariant", [False, True], ids=["stock", "batch-invariant"])
 def test_a_tree_grows_each_node_from_its_own_path(eagle, invariant):
     """grow_tree feeds a layer of nodes in one pass under a tree mask: every node's children are the
@@ -137,40 +152,32 @@ def test_a_tree_grows_each_node_from_its_own_path(eagle, invariant):
         apply_kernels(drafter.model, "packed", True)
     tokens = target.tokenizer.encode("the quick brown fox jumps over")
     feats = before(features_of(target, tokens))
-
-    def rank(rows):
-        return torch.log_softmax(mask_other(rows).float(), dim=-1)
-
     state = drafter.new_state("tree")
     state.sync(0, tokens, features=feats)
     logits, hidden = state.feed_committed()
     ids, parents = grow_tree(drafter.model, state.cache, len(tokens), logits, hidden, size=100, depth=3, branch=2,
-                             rank=rank)
+                             rank=_rank)
     assert state.cache.get_seq_length() == len(tokens)      # the tree's entries are gone again
     kids = tree.children(parents)
     grown = [i for i in range(len(ids)) if kids[i + 1]]
     assert len(ids) == 2 + 4 + 4 and len(grown) == 4        # 2 children of the root; the best 2 of each layer grow
     for node in [-1] + grown:
-        chain = drafter.new_state("chain")
-        chain.sync(0, tokens, features=feats)
-        row, feature = chain.feed_committed()
-        for step in tree.path_to(parents, node):
-            row, feature = chain.feed_draft(int(drafter.draft_to_target[ids[step]]), feature)
-        assert sorted(ids[c] for c in kids[node + 1]) == sorted(rank(row[None])[0].topk(2).indices.tolist()), node
+        row = _chain_row(drafter, tokens, feats, ids, parents, node)
+        assert sorted(ids[c] for c in kids[node + 1]) == sorted(_rank(row[None])[0].topk(2).indices.tolist()), node
 
 
-def _path_scores(drafter, tokens, feats, ids, parents, rank) -> list[float]:
-    """Each node's path log-chance, from chains fed along its path (as the test above checks trees)."""
+def _path_scores(drafter, tokens, feats, ids, parents) -> list[float]:
+    """Each node's path log-chance, from chains fed along its parent's path (as the test above checks trees)."""
     scores: list[float] = []
-    for node in range(len(ids)):
-        chain = drafter.new_state("score")
-        chain.sync(0, tokens, features=feats)
-        row, feature = chain.feed_committed()
-        for step in tree.path_to(parents, node)[:-1]:
-            row, feature = chain.feed_draft(int(drafter.draft_to_target[ids[step]]), feature)
-        parent = parents[node]
-        scores.append((scores[parent] if parent >= 0 else 0.0) + float(rank(row[None])[0, ids[node]]))
+    for node, parent in enumerate(parents):
+        row = _chain_row(drafter, tokens, feats, ids, parents, parent)
+        scores.append((scores[parent] if parent >= 0 else 0.0) + float(_rank(row[None])[0, ids[node]]))
     return scores
+
+
+def _paths(ids, parents, nodes) -> set[tuple[int, ...]]:
+    """The draft ids along each of `nodes`' paths: a tree's nodes, whatever their order."""
+    return {tuple(ids[n] for n in tree.path_to(parents, node)) for node in nodes}
 
 
 def test_a_tree_cut_by_confidence_keeps_the_paths_the_draft_gives_that_chance(eagle):
@@ -182,30 +189,31 @@ def test_a_tree_cut_by_confidence_keeps_the_paths_the_draft_gives_that_chance(ea
     tokens = target.tokenizer.encode("the quick brown fox jumps over")
     feats = before(features_of(target, tokens))
 
-    def rank(rows):
-        return torch.log_softmax(mask_other(rows).float(), dim=-1)
-
-    def grown(min_score: float) -> set[tuple[int, ...]]:
+    def grown(min_score: float) -> tuple[list[int], list[int]]:
         state = drafter.new_state("cut")
         state.sync(0, tokens, features=feats)
         logits, hidden = state.feed_committed()
         ids, parents = grow_tree(drafter.model, state.cache, len(tokens), logits, hidden, size=100, depth=3,
-                                 branch=2, rank=rank, min_score=min_score)
+                                 branch=2, rank=_rank, min_score=min_score)
         assert state.cache.get_seq_length() == len(tokens)
         tree.check_parents(parents, len(ids))
-        return {tuple(ids[n] for n in tree.path_to(parents, node)) for node in range(len(ids))}, ids, parents
+        return ids, parents
 
-    full, ids, parents = grown(float("-inf"))
-    scores = _path_scores(drafter, tokens, feats, ids, parents, rank)
+    def cut_paths(min_score: float) -> set[tuple[int, ...]]:
+        ids, parents = grown(min_score)
+        return _paths(ids, parents, range(len(ids)))
+
+    ids, parents = grown(float("-inf"))
+    full = _paths(ids, parents, range(len(ids)))
+    scores = _path_scores(drafter, tokens, feats, ids, parents)
     ranked = sorted(scores)
     # A threshold in the widest gap around the middle: no node sits near it, whatever the float rounding.
     gap = max(range(len(ranked) // 4, 3 * len(ranked) // 4), key=lambda i: ranked[i + 1] - ranked[i])
     threshold = (ranked[gap] + ranked[gap + 1]) / 2
-    kept = {tuple(ids[n] for n in tree.path_to(parents, node)) for node in range(len(ids))
-            if scores[node] >= threshold}
-    cut, _, _ = grown(threshold)
+    kept = _paths(ids, parents, [node for node in range(len(ids)) if scores[node] >= threshold])
+    cut = cut_paths(threshold)
     assert cut == kept and 0 < len(cut) < len(full)
-    assert grown(max(scores[node] for node in range(len(ids)) if parents[node] < 0) + 1e-3)[0] == set()
+    assert cut_paths(max(scores[node] for node in range(len(ids)) if parents[node] < 0) + 1e-3) == set()
 
     for confidence, wanted in ((0.0, 5), (0.999999, 0)):
         cutting = EagleDrafter(load_eagle(str(folder), target=target.info), tree_branch=2,
