@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from specmesh_cli import launcher
+
 log = logging.getLogger("specmesh.bench")
 
 PEERS = ("hf",)
@@ -52,11 +54,11 @@ def add_arguments(p) -> None:
 
 
 def verifier_threads() -> int:
-    """The torch threads a verifier started by `specmesh up`/`bench` gets (the launcher's rule)."""
+    """The torch threads of the one verifier `specmesh bench` starts (the launcher's rule)."""
     configured = os.environ.get("SPECMESH_TORCH_THREADS")
     if configured and int(configured) > 0:
         return int(configured)
-    return max(1, (os.cpu_count() or 2) - 1)
+    return launcher.verifier_threads(replicas=1)
 
 
 @dataclass

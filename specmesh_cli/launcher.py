@@ -78,14 +78,24 @@ def wait_http_ok(url: str, process: subprocess.Popen | None, timeout_s: float, d
 CPU_TREE_MIN_CONFIDENCE = 0.1
 
 
-def shared_machine_defaults(tier: str, env: dict[str, str]) -> dict[str, str]:
+def verifier_threads(replicas: int = 1) -> int:
+    """A verifier's torch threads where the tiers share this machine: every core, split between its replicas.
+
+    The verifier's forward is nearly all of a step, and within a stream the tiers take turns (the draft
+    proposes, then the verifier checks), so one verifier gets every core. On the 2-core build machine,
+    2 threads against 1 took a lone stream from 10.6 to 12.4 tokens/s target-only (15.0 to 17.7 with
+    the default drafter), and 4 concurrent streams from 15.3 to 20.2 tokens/s (four runs each), with the
+    same outputs bit for bit (docs/benchmarks.md, "Torch threads per tier"). Replicas split the cores:
+    two of 2 threads each on 2 cores gave 22.1 tokens/s against 24.4 with 1 each."""
+    return max(1, (os.cpu_count() or 1) // max(1, replicas))
+
+
+def shared_machine_defaults(tier: str, env: dict[str, str], verifier_replicas: int = 1) -> dict[str, str]:
     """Settings for a tier that shares this machine with the others, where `env` leaves them unset."""
     defaults: dict[str, str] = {}
     if tier == "verifier" and "SPECMESH_TORCH_THREADS" not in env:
-        # Leave a core to the draft and the orchestrator: torch threads that outnumber free cores
-        # spin against each other and a step can take tens of times longer.
-        defaults["SPECMESH_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 2) - 1))
-        # Except while it reads a prompt: the draft waits for that prompt's features, so every core is free.
+        defaults["SPECMESH_TORCH_THREADS"] = str(verifier_threads(verifier_replicas))
+        # A prompt gets every core even with replicas: the draft idles then, waiting for its features.
         defaults["SPECMESH_PREFILL_THREADS"] = str(os.cpu_count() or 1)
     if tier == "draft" and env.get("SPECMESH_DEVICE", "cpu") == "cpu":
         # The verifier runs on this machine's CPU (the tiers share the device setting), where every
@@ -173,7 +183,7 @@ class Cluster:
 
     def _spawn(self, name: str, tier: str, args: list[str]) -> subprocess.Popen:
         env = {**os.environ, **self._tls_env(tier), **self.extra_env, **child_env(signal.SIGTERM)}
-        env = {**shared_machine_defaults(tier, env), **env}
+        env = {**shared_machine_defaults(tier, env, self.verifier_replicas), **env}
         out: IO | None = None
         log_path = None
         if self.log_dir is not None:

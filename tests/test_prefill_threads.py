@@ -97,3 +97,20 @@ def test_the_threads_come_back_when_reading_the_prompt_fails(tiny_models, monkey
     with pytest.raises(RuntimeError, match="mid-prompt"):
         engine.prefill("s", [1, 2, 3])
     assert torch.get_num_threads() == 1
+
+
+def test_specmesh_up_gives_the_verifier_every_core_split_between_its_replicas(monkeypatch):
+    """Within a stream the tiers take turns, so one verifier steps on every core; replicas split them;
+    a prompt is read on every core either way; threads the user set are left alone."""
+    from specmesh_cli import bench_peers, launcher
+
+    monkeypatch.setattr(launcher.os, "cpu_count", lambda: 4)
+    monkeypatch.delenv("SPECMESH_TORCH_THREADS", raising=False)
+    assert launcher.shared_machine_defaults("verifier", {}) == {
+        "SPECMESH_TORCH_THREADS": "4", "SPECMESH_PREFILL_THREADS": "4"}
+    assert launcher.shared_machine_defaults("verifier", {}, verifier_replicas=2)["SPECMESH_TORCH_THREADS"] == "2"
+    assert launcher.shared_machine_defaults("verifier", {}, verifier_replicas=8)["SPECMESH_TORCH_THREADS"] == "1"
+    assert launcher.shared_machine_defaults("verifier", {"SPECMESH_TORCH_THREADS": "3"}) == {}
+    assert bench_peers.verifier_threads() == 4      # the HF peers get what the bench's one verifier gets
+    monkeypatch.setenv("SPECMESH_TORCH_THREADS", "1")
+    assert bench_peers.verifier_threads() == 1
