@@ -1,5 +1,6 @@
-"""prefill_threads (verifier): a prompt is read on more torch threads than a step runs on, and nothing
-it computes changes: its features, and the sampled scores of the steps after it, keep their bits."""
+"""The verifier's threads. prefill_threads: a prompt is read on more torch threads than a step runs on,
+and nothing it computes changes: its features, and the sampled scores of the steps after it, keep their
+bits. And the threads `specmesh up` gives a verifier that shares the machine with the other tiers."""
 from __future__ import annotations
 
 import pytest
