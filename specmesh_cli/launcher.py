@@ -83,10 +83,11 @@ def verifier_threads(replicas: int = 1) -> int:
 
     The verifier's forward is nearly all of a step, and within a stream the tiers take turns (the draft
     proposes, then the verifier checks), so one verifier gets every core. On the 2-core build machine,
-    2 threads against 1 took a lone stream from 10.6 to 12.4 tokens/s target-only (15.0 to 17.7 with
-    the default drafter), and 4 concurrent streams from 15.3 to 20.2 tokens/s (four runs each), with the
-    same outputs bit for bit (docs/benchmarks.md, "Torch threads per tier"). Replicas split the cores:
-    two of 2 threads each on 2 cores gave 22.1 tokens/s against 24.4 with 1 each."""
+    the verifier on 2 threads (the draft on 1) against every tier on 1 took a lone stream from 11.1 to
+    12.3 tokens/s target-only and from 15.7 to 17.9 with the default drafter, with the same outputs bit
+    for bit; under 4 concurrent streams 2 threads held up too (docs/benchmarks.md, "Torch threads per
+    tier"). Replicas split the cores: two of 2 threads each on 2 cores gave 22.1 tokens/s against 24.4
+    with 1 each."""
     return max(1, (os.cpu_count() or 1) // max(1, replicas))
 
 
