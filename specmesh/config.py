@@ -206,6 +206,9 @@ class OrchestratorConfig(ServiceSettings):
         8, "tokens kept of each proposal q: a truncated q keeps the rule exact and a step's message "
            "O(k * top_n), not O(k * vocabulary)")
     max_active_sessions: int = setting(256, "streams decoded at once; more get RESOURCE_EXHAUSTED")
+    torch_threads: int = setting(
+        1, "torch intra-op threads; the accept rule works on a step's few proposals, so one thread leaves the "
+           "cores to the draft and verifier when tiers share a machine")
     max_prompt_tokens: int | None = setting(
         None, "longest prompt accepted, in tokens; longer gets INVALID_ARGUMENT. Unset: whatever leaves one "
               "token of room in the target's context")

@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specmesh import spec_bench
-from specmesh_cli import bench_peers
+from specmesh_cli import bench_peers, launcher
 
 log = logging.getLogger("specmesh.bench")
 
@@ -50,6 +50,7 @@ def add_arguments(p) -> None:
                    help="run every prompt and configuration this many times, interleaved (less noise)")
     p.add_argument("--no-chat", action="store_true", help="send the raw question instead of a chat turn")
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for json, csv and png")
+    launcher.add_thread_arguments(p)
     bench_peers.add_arguments(p)
 
 
@@ -98,7 +99,8 @@ def run(args) -> int:
 
         cluster = Cluster(model=args.model, draft_model=draft_for(args.model, args.draft_model),
                           eagle_model=eagle_for(args.model, args.eagle_model), port=free_port(),
-                          log_dir=args.out / "logs")
+                          draft_torch_threads=args.draft_torch_threads,
+                          verifier_torch_threads=args.verifier_torch_threads, log_dir=args.out / "logs")
         log.info("starting services (logs in %s)", args.out / "logs")
         cluster.start()
         address = cluster.address
@@ -171,7 +173,7 @@ def _load_peers(args, configs: list[tuple[str, int]]) -> "bench_peers.HFPeers | 
 
     # The same draft our services run (the shipped one by default), as HF's assistant model.
     return bench_peers.HFPeers.load(args.model, draft_for(args.model, args.draft_model), lookup, assistant,
-                                    args.temperature)
+                                    args.temperature, threads=args.verifier_torch_threads)
 
 
 def _run_peers(peers, q: dict, baseline, args) -> list[dict]:

@@ -51,6 +51,11 @@ class UpConfig:
                                             "present, else none; 'none': not served")
     draft_replicas: int = setting(1, "draft service processes")
     verifier_replicas: int = setting(1, "verifier service processes")
+    draft_torch_threads: int = setting(0, "torch threads of each draft replica; 0: 1 (a draft pass is small, "
+                                          "latency-bound work)")
+    verifier_torch_threads: int = setting(0, "torch threads of each verifier replica; 0: this machine's cores "
+                                             "split between the verifier replicas (within a stream the tiers "
+                                             "take turns, so the verifier steps on every core)")
     metrics: bool = setting(False, "serve Prometheus /metrics on a free port per process")
     prompt: str = setting(DEMO_PROMPT, "the first request, streamed once everything serves")
     max_new_tokens: int = setting(96, "for the first request")
@@ -139,6 +144,8 @@ def _serve(args) -> None:
         from orchestrator.server import serve
     if getattr(config, "torch_threads", 0):
         torch.set_num_threads(config.torch_threads)
+    # Said once, because the launcher and the environment both set it and it moves a step's time most.
+    log.info("torch intra-op threads: %d", torch.get_num_threads())
     # Tracing only when OTEL_* ask for it; metrics only with a port.
     telemetry.setup(args.tier, config.metrics_port, metrics_addr="0.0.0.0" if config.host == "[::]" else config.host)
     asyncio.run(serve(config))
@@ -192,7 +199,8 @@ def _up(args, exit_after_demo: bool = False) -> int:
                       eagle_model=eagle_for(up.model, up.eagle_model), port=up.port,
                       redis_url=up.redis_url,
                       draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
-                      metrics=up.metrics, http_port=up.http_port or None, host=up.host,
+                      draft_torch_threads=up.draft_torch_threads or None,
+                      verifier_torch_threads=up.verifier_torch_threads or None, metrics=up.metrics, http_port=up.http_port or None, host=up.host,
                       orchestrator_replicas=up.orchestrator_replicas)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

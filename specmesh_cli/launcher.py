@@ -91,6 +91,14 @@ def verifier_threads(replicas: int = 1) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, replicas))
 
 
+def add_thread_arguments(p) -> None:
+    """--draft-torch-threads and --verifier-torch-threads, for the commands that start a Cluster."""
+    p.add_argument("--draft-torch-threads", type=int, default=None,
+                   help="torch threads of each draft replica (default: 1)")
+    p.add_argument("--verifier-torch-threads", type=int, default=None,
+                   help="torch threads of each verifier replica (default: the cores split between them)")
+
+
 def shared_machine_defaults(tier: str, env: dict[str, str], verifier_replicas: int = 1) -> dict[str, str]:
     """Settings for a tier that shares this machine with the others, where `env` leaves them unset."""
     defaults: dict[str, str] = {}
@@ -114,6 +122,10 @@ class Cluster:
     redis_url: str | None = None
     draft_replicas: int = 1
     verifier_replicas: int = 1
+    # Torch threads per tier: each replica of the tier runs on this many, whatever SPECMESH_TORCH_THREADS
+    # says (every tier reads that one). None: the draft's own default (1) and verifier_threads() here.
+    draft_torch_threads: int | None = None
+    verifier_torch_threads: int | None = None
     # Several orchestrators share Redis: any of them can resume another's session.
     orchestrator_replicas: int = 1
     log_dir: Path | None = None          # None: children log to this terminal
@@ -141,6 +153,12 @@ class Cluster:
     # it, and an embedded Redis speaks TLS too. The certificate must name localhost and serve as both
     # server and client certificate.
     tls: ChannelTLS | None = None
+
+    def __post_init__(self):
+        for name in ("draft_torch_threads", "verifier_torch_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset: the tier's default), got {value}")
 
     @property
     def address(self) -> str:
@@ -184,6 +202,9 @@ class Cluster:
 
     def _spawn(self, name: str, tier: str, args: list[str]) -> subprocess.Popen:
         env = {**os.environ, **self._tls_env(tier), **self.extra_env, **child_env(signal.SIGTERM)}
+        threads = {"draft": self.draft_torch_threads, "verifier": self.verifier_torch_threads}.get(tier)
+        if threads is not None:
+            env["SPECMESH_TORCH_THREADS"] = str(threads)
         env = {**shared_machine_defaults(tier, env, self.verifier_replicas), **env}
         out: IO | None = None
         log_path = None

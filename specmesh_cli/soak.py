@@ -61,7 +61,7 @@ from pathlib import Path
 import grpc
 
 from specmesh import spec_bench
-from specmesh_cli import client_args
+from specmesh_cli import client_args, launcher
 
 log = logging.getLogger("specmesh.soak")
 
@@ -88,6 +88,7 @@ def add_arguments(p) -> None:
     p.add_argument("--draft-replicas", type=int, default=2)
     p.add_argument("--verifier-replicas", type=int, default=2)
     p.add_argument("--orchestrator-replicas", type=int, default=2)
+    launcher.add_thread_arguments(p)
     p.add_argument("--streams", type=int, default=200, help="streams in the load pass")
     p.add_argument("--concurrency", type=int, default=16, help="streams at once in the load pass")
     p.add_argument("--unique", type=int, default=32, help="distinct requests; the streams cycle over them")
@@ -210,6 +211,8 @@ class Stack:
                           eagle_model=eagle_for(self.args.model, self.args.eagle_model),
                                port=free_port(), draft_replicas=self.args.draft_replicas,
                                verifier_replicas=self.args.verifier_replicas,
+                               draft_torch_threads=self.args.draft_torch_threads,
+                               verifier_torch_threads=self.args.verifier_torch_threads,
                                orchestrator_replicas=self.args.orchestrator_replicas,
                                log_dir=self.args.out / "logs", host="127.0.0.1")
         log.info("starting %d draft, %d verifier and %d orchestrator processes (logs in %s)",

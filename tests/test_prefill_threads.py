@@ -115,3 +115,24 @@ def test_specmesh_up_gives_the_verifier_every_core_split_between_its_replicas(mo
     assert bench_peers.verifier_threads() == 4      # the HF peers get what the bench's one verifier gets
     monkeypatch.setenv("SPECMESH_TORCH_THREADS", "1")
     assert bench_peers.verifier_threads() == 1
+
+
+def test_each_tier_runs_on_the_threads_given_for_it_whatever_the_environment_says(
+        tiny_models, redis_url, tmp_path, monkeypatch):
+    """SPECMESH_TORCH_THREADS is read by every tier; --draft-torch-threads and --verifier-torch-threads
+    set one tier's, and win over it. Each process says its count once it has set it."""
+    import re
+
+    from specmesh_cli.launcher import Cluster
+    from specmesh_cli.redis_server import free_port
+
+    monkeypatch.setenv("SPECMESH_TORCH_THREADS", "3")
+    with Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),
+                 redis_url=redis_url, log_dir=tmp_path, host="127.0.0.1", startup_timeout_s=900,
+                 draft_torch_threads=2, verifier_torch_threads=1):
+        pass
+    said = {name: re.findall(r"torch intra-op threads: (\d+)", (tmp_path / f"{name}.log").read_text())
+            for name in ("draft-0", "verifier-0", "orchestrator")}
+    assert said == {"draft-0": ["2"], "verifier-0": ["1"], "orchestrator": ["3"]}
+    with pytest.raises(ValueError, match="draft_torch_threads must be >= 1"):
+        Cluster(draft_torch_threads=0)
