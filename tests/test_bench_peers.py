@@ -176,3 +176,17 @@ def test_default_config_is_what_a_request_naming_nothing_gets(tiny_cluster, tiny
     assert bench.parse_configs(bench.DEFAULT_CONFIGS, (drafter, k)) == [(drafter, k)]
     assert bench.parse_configs("default,ngram:2,eagle", (drafter, k)) == [(drafter, k), ("ngram", 2), ("eagle", k)]
     assert bench.parse_configs("default", ("ngram", 0)) == []      # a default k of 0 is the baseline itself
+
+
+def test_sampled_outputs_are_not_compared_with_target_only(tiny_cluster, bench_args, capsys):
+    """At T > 0 the rule keeps the target's distribution, not target-only's sample: the bench says
+    "- (sampled)" instead of a NO that would read as a broken rule."""
+    bench_args.temperature, bench_args.peers, bench_args.configs = 0.8, "", "model:3"
+    questions = bench.load_questions(bench_args.questions, [], 1, [])
+    rows = bench.measure(tiny_cluster.address, questions, bench.parse_configs(bench_args.configs), bench_args)
+    assert [r["same_as_target_only"] for r in rows] == [None] * len(rows) and rows
+    bench.report(rows, bench.parse_configs(bench_args.configs), bench_args.out)
+    summary = json.loads((bench_args.out / "results.json").read_text())["summary"]
+    assert {s["outputs_equal_target_only"] for s in summary} == {None}
+    assert "- (sampled)" in capsys.readouterr().out
+    assert bench._all_equal([True, None, True]) is True and bench._all_equal([True, False]) is False
