@@ -195,13 +195,18 @@ def _up(args, exit_after_demo: bool = False) -> int:
     up = settings.build(UpConfig, {k: v for k, v in vars(args).items() if k != "command"}, env_prefix=None)
     from specmesh.drafts import draft_for, eagle_for
 
-    cluster = Cluster(model=up.model, draft_model=draft_for(up.model, up.draft_model),
-                      eagle_model=eagle_for(up.model, up.eagle_model), port=up.port,
-                      redis_url=up.redis_url,
-                      draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
-                      draft_torch_threads=up.draft_torch_threads or None,
-                      verifier_torch_threads=up.verifier_torch_threads or None, metrics=up.metrics, http_port=up.http_port or None, host=up.host,
-                      orchestrator_replicas=up.orchestrator_replicas)
+    try:
+        cluster = Cluster(model=up.model, draft_model=draft_for(up.model, up.draft_model),
+                          eagle_model=eagle_for(up.model, up.eagle_model), port=up.port,
+                          redis_url=up.redis_url,
+                          draft_replicas=up.draft_replicas, verifier_replicas=up.verifier_replicas,
+                          draft_torch_threads=up.draft_torch_threads or None,
+                          verifier_torch_threads=up.verifier_torch_threads or None,
+                          metrics=up.metrics, http_port=up.http_port or None, host=up.host,
+                          orchestrator_replicas=up.orchestrator_replicas)
+    except ValueError as error:   # a setting out of range (a thread count below 0): say it, no traceback
+        log.error("%s", error)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -8,6 +8,7 @@ Tests use the same class.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -91,11 +92,18 @@ def verifier_threads(replicas: int = 1) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, replicas))
 
 
+def _thread_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_thread_arguments(p) -> None:
     """--draft-torch-threads and --verifier-torch-threads, for the commands that start a Cluster."""
-    p.add_argument("--draft-torch-threads", type=int, default=None,
+    p.add_argument("--draft-torch-threads", type=_thread_count, default=None,
                    help="torch threads of each draft replica (default: 1)")
-    p.add_argument("--verifier-torch-threads", type=int, default=None,
+    p.add_argument("--verifier-torch-threads", type=_thread_count, default=None,
                    help="torch threads of each verifier replica (default: the cores split between them)")
 
 

@@ -136,3 +136,14 @@ def test_each_tier_runs_on_the_threads_given_for_it_whatever_the_environment_say
     assert said == {"draft-0": ["2"], "verifier-0": ["1"], "orchestrator": ["3"]}
     with pytest.raises(ValueError, match="draft_torch_threads must be >= 1"):
         Cluster(draft_torch_threads=0)
+
+
+def test_a_thread_count_below_one_is_refused_by_the_commands(capsys):
+    from specmesh_cli.cli import main
+
+    for command in (["bench", "--draft-torch-threads", "0"], ["soak", "--verifier-torch-threads", "-2"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(command)
+        assert exit_.value.code == 2
+        assert "must be >= 1" in capsys.readouterr().err
+    assert main(["demo", "--draft-torch-threads", "-1"]) == 2     # before any process starts
