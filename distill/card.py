@@ -29,6 +29,9 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
     greedy_share = sum(e["temperature"] == 0 for e in data.train) / max(1, len(data.train))
     eagle = args.arch == "eagle"
     self_written = data.n_self_written
+    from_file = data.prompts_file
+    file_note = _file_note(from_file) if from_file else ""
+    n_templates = data.n_prompts - self_written - (from_file["train"] if from_file else 0)
     written_note = (f",\n  and to {self_written} requests the target wrote itself into its chat template from each "
                     f"category's first words\n  (`--self-prompts-per-category`, distill/self_prompts.py)"
                     if self_written else "")
@@ -66,10 +69,10 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
 
 - seed {args.seed}, device {facts.get('device', 'cpu')}, torch threads {facts.get('threads')}
 - wall time {timings.total / 60:.1f} min ({phases}), summed over interrupted and resumed runs
-- data: the target's own answers to {data.n_prompts - self_written} prompts written from templates x topics over 13
+- data: the target's own answers to {n_templates} prompts written from templates x topics over 13
   Spec-Bench-like categories, with passages from the Python reference (`pydoc_data`), standard-library
-  docstrings and German gettext catalogues installed on the machine{written_note}; no Spec-Bench question, nothing
-  downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
+  docstrings and German gettext catalogues installed on the machine{written_note}{file_note}; no Spec-Bench
+  question, nothing downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear
   kernels (`--generation-kernels`), finished rows {'dropped from' if args.finished_rows == 'drop' else 'kept in'}
@@ -82,7 +85,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
   top-1 agreement {facts['last_step'].get('acc', float('nan')):.3f}.
 - size: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.1f} MB on disk ({args.storage}).
 
-## Measured acceptance (held-out prompts of the same generator, {data.n_heldout_prompts} answers, greedy)
+## Measured acceptance (held-out prompts of the same generator{", and of --prompts-file" if from_file else ""}, {data.n_heldout_prompts} answers, greedy)
 
 Committed tokens per step = accepted draft tokens + 1, replaying speculative decoding against the
 target's greedy answer. The temperature columns are an estimate: per-token acceptance
@@ -93,3 +96,10 @@ committed tokens per step it implies at k = 4.{tree_note}
 | --- | --- | --- | --- |{tree_rule} --- | --- | --- |
 {chr(10).join(rows)}
 """
+
+
+def _file_note(facts: dict) -> str:
+    left_out = "; ".join(f"{n} {reason}" for reason, n in facts["left_out"].items())
+    return (f",\n  and to {facts['train']} of the {facts['requests']} requests in `--prompts-file` {facts['path']}\n"
+            f"  (sha256 {facts['sha256'][:16]}..., categories {', '.join(facts['categories'])}; {facts['heldout']} "
+            f"more held out for the table below" + (f"; left out: {left_out}" if left_out else "") + ")")

@@ -34,11 +34,12 @@ class GenerationPlan:
     drop_finished_rows: bool = True  # see COMPACT_WHEN_FINISHED; False: every row runs to the batch's end
 
 
-def render(tokenizer, text: str) -> list[int]:
+def render(tokenizer, prompt: Prompt) -> list[int]:
     if tokenizer.chat_template is None:
-        return tokenizer.encode(text, add_special_tokens=False)
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
+        return tokenizer.encode(prompt.text, add_special_tokens=False)
+    turns = prompt.messages or (("user", prompt.text),)
+    rendered = tokenizer.apply_chat_template([{"role": role, "content": content} for role, content in turns],
+                                             add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
@@ -47,7 +48,7 @@ def plan_batches(tokenizer, prompts: Sequence[Prompt], plan: GenerationPlan, see
     rng = random.Random(seed)
     examples = []
     for index, prompt in enumerate(prompts):
-        ids = render(tokenizer, prompt.text)
+        ids = render(tokenizer, prompt)
         if len(ids) > plan.max_prompt_tokens:
             continue
         temperature = 0.0 if rng.random() < plan.greedy_fraction else plan.temperature

@@ -20,6 +20,7 @@ class Data:
     n_prompts: int
     n_heldout_prompts: int
     n_self_written: int = 0      # of n_prompts: answers to requests the target wrote itself
+    prompts_file: dict | None = None   # --prompts-file: what was read, trained on, held out and left out
 
 
 def split_prompts(args) -> tuple[list[Prompt], list[Prompt]]:
@@ -39,9 +40,10 @@ def make_data(args, target, work: Path) -> Data:
     train_prompts, heldout_prompts = split_prompts(args)
     drop = args.finished_rows == "drop"
     plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                          greedy_fraction=args.greedy_fraction, temperature=args.temperature, drop_finished_rows=drop)
+                          greedy_fraction=args.greedy_fraction, temperature=args.temperature, drop_finished_rows=drop,
+                          max_prompt_tokens=args.max_prompt_tokens)
     heldout_plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                  greedy_fraction=1.0, drop_finished_rows=drop)
+                                  greedy_fraction=1.0, drop_finished_rows=drop, max_prompt_tokens=args.max_prompt_tokens)
     limit = args.max_train_batches
     total = min(len(train_prompts), limit * plan.batch_size if limit else len(train_prompts)) + len(heldout_prompts)
     with tqdm(total=total, desc="target generations", unit="prompt", dynamic_ncols=True) as bar:
@@ -52,9 +54,42 @@ def make_data(args, target, work: Path) -> Data:
     train, heldout = load_examples(train_paths), load_examples(heldout_paths)
     self_written = _self_written_data(args, target, work, plan)
     train += self_written
+    from_file, heldout_from_file, file_facts = _prompts_file_data(args, target, work, plan, heldout_plan)
+    train += from_file
+    heldout += heldout_from_file
     tokens = sum(len(e["response_ids"]) for e in train)
     log.info("%d training generations (%d tokens), %d held-out", len(train), tokens, len(heldout))
-    return Data(train, heldout, len(train), len(heldout), len(self_written))
+    return Data(train, heldout, len(train), len(heldout), len(self_written), file_facts)
+
+
+def _prompts_file_data(args, target, work: Path, plan: GenerationPlan,
+                       heldout_plan: GenerationPlan) -> tuple[list[dict], list[dict], dict | None]:
+    """The target's answers to the requests of --prompts-file (distill.prompts_file): training answers,
+    held-out answers (greedy, for the card) and what the card says about the file. Like the self-written
+    requests they live in a folder of their own, named for the file's bytes."""
+    source = args.prompts_source
+    if source is None:
+        return [], [], None
+    folder = work / "data" / source.folder_name
+    with tqdm(total=len(source.train) + len(source.heldout), desc="target answers --prompts-file", unit="prompt",
+              dynamic_ncols=True) as bar:
+        train = load_examples(generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, source.train,
+                                              folder / "train", plan, args.seed + 4, bar.update))
+        heldout = load_examples(generate_shards(target.model, target.tokenizer, target.info.eos_token_ids,
+                                                source.heldout, folder / "heldout", heldout_plan, args.seed + 5,
+                                                bar.update))
+    dropped = dict(source.dropped)
+    too_long = len(source.train) + len(source.heldout) - len(train) - len(heldout)
+    if too_long:
+        dropped[f"longer than {args.max_prompt_tokens} tokens rendered (--max-prompt-tokens)"] = too_long
+    for reason, n in dropped.items():
+        log.warning("--prompts-file: %d of %d requests left out: %s", n, source.lines, reason)
+    log.info("--prompts-file %s: %d answers to train on (%d tokens), %d held out", source.path, len(train),
+             sum(len(e["response_ids"]) for e in train), len(heldout))
+    facts = dict(path=str(source.path), sha256=source.sha256, requests=source.lines, train=len(train),
+                 heldout=len(heldout), left_out=dropped,
+                 categories=sorted({p.category for p in source.train + source.heldout}))
+    return train, heldout, facts
 
 
 def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[dict]:
@@ -89,6 +124,8 @@ def train_key(args) -> str:
     key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
     if args.self_prompts_per_category:
         key += f"-self{args.self_prompts_per_category}"
+    if args.prompts_source is not None:
+        key += f"-{args.prompts_source.folder_name}"
     if args.arch != "eagle":
         return key + f"-kd{args.kd_weight}"
     first = args.first_pass_weight

@@ -25,6 +25,9 @@ CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction"
 class Prompt:
     category: str
     text: str
+    # A conversation to answer, ((role, content), ...), ending with the user's turn `text`; empty: `text`
+    # alone is the user's turn. Only requests from a file (distill.prompts_file) carry one.
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 TOPICS = [

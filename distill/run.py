@@ -23,8 +23,8 @@ from pathlib import Path
 
 log = logging.getLogger("specmesh.distill")
 
-DEFAULTS = dict(prompts_per_category=24, heldout_per_category=4, max_new_tokens=128, batch_size=48,
-                greedy_fraction=0.6, temperature=0.8, vocab=8192, layers=2, arch="lm", passes=2, steps=300, train_batch_tokens=1024,
+DEFAULTS = dict(prompts_per_category=24, heldout_per_category=4, max_new_tokens=128, max_prompt_tokens=384,
+                batch_size=48, greedy_fraction=0.6, temperature=0.8, vocab=8192, layers=2, arch="lm", passes=2, steps=300, train_batch_tokens=1024,
                 lr=1e-3, kd_weight=0.5)
 
 
@@ -45,9 +45,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "template's user turn, opened with a category's first words, sampled to the end "
                         "(distill/self_prompts.py). Wider than the templates; answered like them; training only. "
                         "Needs a target with a chat template; 0: none")
+    p.add_argument("--prompts-file", type=Path, default=None,
+                   help="also train on your own requests: a JSONL file, one request a line, as a string, "
+                        "{\"prompt\": ...}, {\"messages\": [...]} (OpenAI chat) or {\"conversations\": [...]} "
+                        "(ShareGPT), with an optional \"category\" (distill/prompts_file.py). The target answers "
+                        "each up to its last user turn; --heldout-per-category of each category are held out for "
+                        "the card. With it, --prompts-per-category may be 0 (train on the file alone)")
     p.add_argument("--heldout-per-category", type=int, default=DEFAULTS["heldout_per_category"],
                    help="held-out prompts per category, for the acceptance in the model card")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"])
+    p.add_argument("--max-prompt-tokens", type=int, default=DEFAULTS["max_prompt_tokens"],
+                   help="requests longer than this, rendered with the chat template, are left out (counted in the "
+                        "log and the card); longer ones cost memory and time in every generation batch")
     p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="prompts per generation batch")
     p.add_argument("--generation-kernels", choices=("packed", "stock"), default="packed",
                    help="how the target's linear layers run while it generates the data: packed (weights pre-packed "
@@ -112,10 +121,13 @@ def check_arguments(args) -> None:
     problems = []
     if args.layers is None:
         args.layers = 1 if args.arch == "eagle" else DEFAULTS["layers"]
-    for name in ("prompts_per_category", "heldout_per_category", "max_new_tokens", "batch_size", "steps",
-                 "train_batch_tokens", "layers", "checkpoint_every", "passes"):
+    for name in ("prompts_per_category", "heldout_per_category", "max_new_tokens", "max_prompt_tokens", "batch_size",
+                 "steps", "train_batch_tokens", "layers", "checkpoint_every", "passes"):
+        if name == "prompts_per_category" and args.prompts_file is not None and args.prompts_per_category == 0:
+            continue       # the file's requests alone
         if getattr(args, name) < 1:
-            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
+                            + (" (0 with --prompts-file)" if name == "prompts_per_category" else ""))
     if args.self_prompts_per_category < 0:
         problems.append(f"--self-prompts-per-category must be 0 or more, got {args.self_prompts_per_category}")
     if args.max_train_batches is not None and args.max_train_batches < 1:
@@ -142,6 +154,8 @@ def check_arguments(args) -> None:
         problems.append(f"--lr must be > 0, got {args.lr}")
     if not 0.0 <= args.kd_weight <= 1.0:
         problems.append(f"--kd-weight must be in [0, 1], got {args.kd_weight}")
+    if args.prompts_file is not None and not args.prompts_file.is_file():
+        problems.append(f"--prompts-file {args.prompts_file} does not exist or is not a file")
     if args.out.exists() and not args.force:
         problems.append(f"--out {args.out} already exists; pass --force to replace it")
     if args.out.exists() and not args.out.is_dir():
@@ -164,6 +178,8 @@ def data_key(args, target_name: str, packed: bool = False) -> str:
         fields["kernels"] = "packed"
     if args.finished_rows == "drop":
         fields["rows"] = "drop"
+    if args.max_prompt_tokens != DEFAULTS["max_prompt_tokens"]:
+        fields["prompt_tokens"] = args.max_prompt_tokens
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(target_name).name)
     return f"{safe}-seed{args.seed}-{digest}"
@@ -200,6 +216,7 @@ def _run(args, argv) -> int:
     if args.self_prompts_per_category and target.tokenizer.chat_template is None:
         raise DistillError(f"--self-prompts-per-category needs a target with a chat template (the target writes a "
                            f"user's request into it); {target.info.name} has none")
+    args.prompts_source = _read_prompts_file(args, target.tokenizer.chat_template is not None)
     from specmesh.fast_linear import available, packed_while
 
     torch.manual_seed(args.seed)
@@ -227,11 +244,28 @@ def _run(args, argv) -> int:
     with timings.phase(f"evaluate {run_key}"):
         report = phases.evaluate(args, target, model, vocab_map, data, device)
     facts.update(device=device, threads=torch.get_num_threads(), generation_kernels="packed" if packed else "stock")
+    if data.prompts_file:
+        facts["prompts_file"] = data.prompts_file
     timings.keep("data", f"train {run_key}", f"evaluate {run_key}")
     _write_output(args, lambda folder: phases.save(args, argv, target, model, vocab_map, facts, report, timings, data,
                                                    folder))
     log.info("wrote %s", args.out)
     return 0
+
+
+def _read_prompts_file(args, chat_template: bool):
+    """--prompts-file, read and split before anything is generated: a bad line stops the run at once."""
+    if args.prompts_file is None:
+        return None
+    from distill import prompts_file
+    from distill.self_prompts import BenchFilter
+    from specmesh import spec_bench
+
+    try:
+        return prompts_file.load(args.prompts_file, args.heldout_per_category, args.seed, chat_template,
+                                 BenchFilter(spec_bench.QUESTIONS))
+    except prompts_file.PromptsFileError as error:
+        raise DistillError(str(error)) from None
 
 
 def _write_output(args, save) -> None:

@@ -117,6 +117,9 @@ def test_loading_refuses_a_broken_map(distilled, tmp_path):
     (["--arch", "eagle", "--feature-noise", "-0.1"], "--feature-noise must be 0 or more"),
     (["--feature-noise", "0.1"], "--feature-noise needs --arch eagle"),
     (["--self-prompts-per-category", "-1"], "--self-prompts-per-category must be 0 or more"),
+    (["--prompts-file", "/no/such/requests.jsonl"], "--prompts-file /no/such/requests.jsonl does not exist"),
+    (["--prompts-per-category", "0"], "--prompts-per-category must be at least 1, got 0 (0 with --prompts-file)"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be at least 1"),
 ])
 def test_bad_arguments_give_a_clear_message_and_no_output(tmp_path, tiny_models, capsys, argv, message):
     out = tmp_path / "out"
