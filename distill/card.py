@@ -57,6 +57,18 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                 "decoder layer(s) and its final norm")
         loss = (f"loss = {1 - args.kd_weight:.2f} x cross-entropy on the target's tokens + {args.kd_weight:.2f} x "
                 "cross-entropy against its top-16 distribution")
+    training = (f"training: {args.steps} AdamW steps of about {args.train_batch_tokens} tokens, lr {args.lr} "
+                f"(warm-up, cosine),\n  {loss}; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},\n"
+                f"  top-1 agreement {facts['last_step'].get('acc', float('nan')):.3f}.")
+    if args.steps == 0:
+        training = "training: none (`--steps 0`): the table below measures the starting draft as it is."
+    vocab_source = "most frequent answer tokens seen (FR-Spec)"
+    if args.init_from is not None:
+        from distill.phases import init_digest
+
+        init = (f"the draft `{args.init_from}` (weights and files sha256 {init_digest(args.init_folder)}...): its "
+                f"vocabulary, its layers and its weights, trained further on the data above")
+        vocab_source = f"tokens of `{args.init_from}` (its vocabulary map, kept)"
     return f"""# Distilled draft for `{target_info.name}`
 
 {what} {len(vocab_map.draft_to_target)} of the target's {target_info.vocab_size} tokens
@@ -77,12 +89,10 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear
   kernels (`--generation-kernels`), finished rows {'dropped from' if args.finished_rows == 'drop' else 'kept in'}
   their batch (`--finished-rows`).
-- vocabulary: the {len(vocab_map.draft_to_target)} most frequent answer tokens seen (FR-Spec); they cover
+- vocabulary: the {len(vocab_map.draft_to_target)} {vocab_source}; they cover
   {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.
 - initialisation: {init}.
-- training: {args.steps} AdamW steps of about {args.train_batch_tokens} tokens, lr {args.lr} (warm-up, cosine),
-  {loss}; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},
-  top-1 agreement {facts['last_step'].get('acc', float('nan')):.3f}.
+- {training}
 - size: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.1f} MB on disk ({args.storage}).
 
 ## Measured acceptance (held-out prompts of the same generator{", and of --prompts-file" if from_file else ""}, {data.n_heldout_prompts} answers, greedy)

@@ -122,6 +122,8 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
 
 def train_key(args) -> str:
     key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
+    if args.init_from is not None:
+        key += f"-init{init_digest(args.init_folder)}"
     if args.self_prompts_per_category:
         key += f"-self{args.self_prompts_per_category}"
     if args.prompts_source is not None:
@@ -134,8 +136,34 @@ def train_key(args) -> str:
             + (f"-n{args.feature_noise:g}" if args.feature_noise else ""))
 
 
+def init_digest(folder: Path) -> str:
+    """Names a starting draft by its bytes: training from a retrained draft of the same name starts afresh."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json") and p.is_file()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def _starting_draft(args, target):
+    """--init-from: (model in float32, its VocabMap); a draft for another target is refused naming both."""
+    from distill.run import DistillError
+    from specmesh.distilled import load_draft
+    from specmesh.eagle import load_eagle
+    from specmesh.models import ModelLoadError, VocabularyMismatch
+
+    loader = load_eagle if args.arch == "eagle" else load_draft
+    try:
+        draft = loader(str(args.init_folder), target=target.info)
+    except (ModelLoadError, VocabularyMismatch) as error:
+        raise DistillError(f"--init-from {args.init_from}: {error}") from None
+    return draft.model.float(), draft.vocab_map
+
+
 def train(args, target, data: Data, work: Path, device: str):
-    """Choose the vocabulary, build the draft from the target, distill; -> (model, VocabMap, facts)."""
+    """Choose the vocabulary, build the draft from the target (or start from --init-from's), distill;
+    -> (model, VocabMap, facts)."""
     import torch
 
     from distill.draft_model import build_draft
@@ -143,8 +171,12 @@ def train(args, target, data: Data, work: Path, device: str):
     from distill.vocab import choose_vocab
     from specmesh.distilled import VocabMap
 
-    size = min(args.vocab, target.info.vocab_size + 1)
-    draft_to_target, _ = choose_vocab(data.train, size, target.info.eos_token_ids)
+    start = _starting_draft(args, target) if args.init_from is not None else None
+    if start is not None:
+        draft_to_target = list(start[1].draft_to_target)
+    else:
+        size = min(args.vocab, target.info.vocab_size + 1)
+        draft_to_target, _ = choose_vocab(data.train, size, target.info.eos_token_ids)
     chosen = set(draft_to_target)
     heldout_tokens = [t for e in data.heldout for t in e["response_ids"]]
     # Coverage of answers the choice never saw: what the draft can propose at all.
@@ -159,7 +191,7 @@ def train(args, target, data: Data, work: Path, device: str):
         from distill import eagle_train
         from distill.draft_model import build_eagle
 
-        model = build_eagle(target.model, draft_to_target, args.layers)
+        model = start[0] if start is not None else build_eagle(target.model, draft_to_target, args.layers)
         examples = eagle_train.make_examples(data.train, vocab_map.target_to_draft(), max_len=args.max_new_tokens + 512)
         rows = target.model.get_output_embeddings().weight.detach().float()[torch.tensor(draft_to_target)]
         options = dict(collate_fn=eagle_train.collate, loss_of=eagle_train.eagle_loss(args.passes, rows.to(device),
@@ -169,7 +201,7 @@ def train(args, target, data: Data, work: Path, device: str):
                                                                                     args.seed),
                        trainable=eagle_train.trainable)
     else:
-        model = build_draft(target.model, draft_to_target, args.layers)
+        model = start[0] if start is not None else build_draft(target.model, draft_to_target, args.layers)
         examples = make_examples(data.train, vocab_map.target_to_draft(), vocab_map.other_id,
                                  max_len=args.max_new_tokens + 512)
     folder = work / f"train-{train_key(args)}"

@@ -99,7 +99,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feature-noise", type=float, default=0.0,
                    help="eagle: add uniform noise in [-A, A] to the features the draft reads while training "
                         "(EAGLE's augmentation uses 0.1; the features' own spread is ~1.9); 0: none")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps")
+    p.add_argument("--init-from", default=None, metavar="DRAFT",
+                   help="start from this draft (a folder `specmesh distill` wrote, or a shipped one's name such as "
+                        "smollm2-eagle) instead of from the target's layers: its vocabulary, its layers, its "
+                        "weights. With --prompts-file, fits a draft to your traffic in a fraction of a full run; "
+                        "with --steps 0, only measures it on the held-out requests")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"],
+                   help="optimizer steps (0 with --init-from: measure that draft, train nothing)")
     p.add_argument("--train-batch-tokens", type=int, default=DEFAULTS["train_batch_tokens"],
                    help="tokens per optimizer step")
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
@@ -118,13 +124,15 @@ class DistillError(ValueError):
 
 
 def check_arguments(args) -> None:
-    problems = []
+    problems = _check_init_from(args)
     if args.layers is None:
         args.layers = 1 if args.arch == "eagle" else DEFAULTS["layers"]
     for name in ("prompts_per_category", "heldout_per_category", "max_new_tokens", "max_prompt_tokens", "batch_size",
                  "steps", "train_batch_tokens", "layers", "checkpoint_every", "passes"):
         if name == "prompts_per_category" and args.prompts_file is not None and args.prompts_per_category == 0:
             continue       # the file's requests alone
+        if name == "steps" and args.init_from is not None and args.steps == 0:
+            continue       # measure the draft it starts from
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
                             + (" (0 with --prompts-file)" if name == "prompts_per_category" else ""))
@@ -162,6 +170,34 @@ def check_arguments(args) -> None:
         problems.append(f"--out {args.out} is a file")
     if problems:
         raise DistillError("; ".join(problems))
+
+
+def _check_init_from(args) -> list[str]:
+    """--init-from names a draft folder of the --arch asked for; its layer count becomes --layers."""
+    if args.init_from is None:
+        return []
+    from specmesh.distilled import VOCAB_MAP_FILE
+    from specmesh.drafts import resolve_draft
+    from specmesh.eagle import is_eagle_draft
+
+    folder = Path(resolve_draft(args.init_from)).expanduser()
+    if not (folder / VOCAB_MAP_FILE).is_file():
+        return [f"--init-from {args.init_from} is not a draft folder (no {VOCAB_MAP_FILE} in {folder})"]
+    problems = []
+    eagle = is_eagle_draft(str(folder))
+    if eagle != (args.arch == "eagle"):
+        problems.append(f"--init-from {args.init_from} is {'an EAGLE' if eagle else 'a plain'} draft; "
+                        f"pass --arch {'eagle' if eagle else 'lm'}")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        layers = int(config.get("text_config", config)["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return problems + [f"--init-from {args.init_from}: cannot read its config.json ({error})"]
+    if args.layers is not None and args.layers != layers:
+        problems.append(f"--layers {args.layers} differs from --init-from {args.init_from}'s {layers}; leave it out")
+    args.layers = layers
+    args.init_folder = folder.resolve()
+    return problems
 
 
 DATA_FORMAT = 2   # 2: shards keep the target's features (last hidden state) at every position
@@ -217,6 +253,7 @@ def _run(args, argv) -> int:
         raise DistillError(f"--self-prompts-per-category needs a target with a chat template (the target writes a "
                            f"user's request into it); {target.info.name} has none")
     args.prompts_source = _read_prompts_file(args, target.tokenizer.chat_template is not None)
+    _check_start_fits(args, target.info)
     from specmesh.fast_linear import available, packed_while
 
     torch.manual_seed(args.seed)
@@ -266,6 +303,19 @@ def _read_prompts_file(args, chat_template: bool):
                                  BenchFilter(spec_bench.QUESTIONS))
     except prompts_file.PromptsFileError as error:
         raise DistillError(str(error)) from None
+
+
+def _check_start_fits(args, target_info) -> None:
+    """--init-from made for another target stops the run before the data phase, naming both."""
+    if args.init_from is None:
+        return
+    from specmesh.distilled import VocabMap, check_fits
+    from specmesh.models import ModelLoadError, VocabularyMismatch
+
+    try:
+        check_fits(VocabMap.read(args.init_folder), str(args.init_folder), target_info)
+    except (ModelLoadError, VocabularyMismatch) as error:
+        raise DistillError(f"--init-from {args.init_from}: {error}") from None
 
 
 def _write_output(args, save) -> None:

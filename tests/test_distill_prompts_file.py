@@ -167,3 +167,72 @@ def test_a_bad_line_stops_the_run_before_any_generation(tiny_models, tmp_path, c
     err = capsys.readouterr().err
     assert f"--prompts-file {path}, line 2: \"messages\" must be a non-empty list" in err
     assert not out.exists() and not (work / "data").exists()
+
+
+# --------------------------------------------------------------------------- --init-from: start from a draft
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {f"{path.name}:{name}": tensor for path in sorted(folder.glob("*.safetensors"))
+            for name, tensor in load_file(str(path)).items()}
+
+
+def test_init_from_with_no_steps_measures_the_starting_draft_as_it_is(from_file, tiny_models, tmp_path):
+    """--steps 0: the card measures the starting draft on the held-out requests; the folder keeps its
+    vocabulary and weights bit for bit, so its table is the starting draft's own (float16 as stored)."""
+    path, start, work = from_file
+    out = tmp_path / "measured"
+    assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(out), "--work-dir", str(work),
+                     "--prompts-per-category", "0", "--prompts-file", str(path), "--init-from", str(start),
+                     *TINY_ARGS, "--steps", "0"]) == 0
+    mine, theirs = _weights(out), _weights(start)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert json.loads((out / "vocab_map.json").read_text())["draft_to_target"] == \
+        json.loads((start / "vocab_map.json").read_text())["draft_to_target"]
+    acceptance = json.loads((out / "distill.json").read_text())["acceptance"]
+    assert acceptance["support"]["answers"] == 1 and acceptance["overall"]["tokens"] > 0
+    card = (out / "README.md").read_text()
+    assert "training: none (`--steps 0`)" in card and f"the draft `{start}`" in card
+
+
+def test_init_from_trains_an_eagle_draft_further_on_its_own_vocabulary(tiny_models, tmp_path):
+    start, work = tmp_path / "start", tmp_path / "work"
+    argv = ["distill", "--target", str(tiny_models["target"]), "--work-dir", str(work), "--arch", "eagle", *TINY_ARGS]
+    assert cli.main([*argv, "--out", str(start), "--prompts-per-category", "1"]) == 0
+    requests = _write(tmp_path / "requests.jsonl", _requests())
+    out = tmp_path / "further"
+    assert cli.main([*argv, "--out", str(out), "--prompts-per-category", "0", "--prompts-file", str(requests),
+                     "--init-from", str(start)]) == 0
+    assert json.loads((out / "vocab_map.json").read_text())["draft_to_target"] == \
+        json.loads((start / "vocab_map.json").read_text())["draft_to_target"]
+    mine, theirs = _weights(out), _weights(start)
+    assert mine.keys() == theirs.keys()
+    assert not torch.equal(mine["eagle.safetensors:fc.weight"], theirs["eagle.safetensors:fc.weight"])
+    assert any("-init" in p.name for p in work.glob("train-*"))
+    assert "--init-from" in (out / "README.md").read_text()
+
+
+def test_init_from_refuses_what_does_not_fit_before_any_generation(from_file, tiny_models, tmp_path, capsys):
+    import shutil
+
+    _, start, _ = from_file
+    foreign = tmp_path / "foreign"
+    shutil.copytree(start, foreign)
+    vocab_map = json.loads((foreign / "vocab_map.json").read_text())
+    vocab_map["target_fingerprint"] = "0" * len(vocab_map["target_fingerprint"])
+    (foreign / "vocab_map.json").write_text(json.dumps(vocab_map))
+    cases = [
+        (["--init-from", str(tmp_path)], f"--init-from {tmp_path} is not a draft folder"),
+        (["--init-from", str(start), "--arch", "eagle"], "is a plain draft; pass --arch lm"),
+        (["--init-from", str(start), "--layers", "2"], "--layers 2 differs from --init-from"),
+        (["--init-from", str(foreign)], "its vocabulary map does not fit target"),
+        (["--steps", "0"], "--steps must be at least 1, got 0"),
+    ]
+    for extra, message in cases:
+        out, work = tmp_path / "out", tmp_path / "work"
+        assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(out), "--work-dir",
+                         str(work), *TINY_ARGS, *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra
+        assert not out.exists() and not (work / "data").exists(), extra
