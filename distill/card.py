@@ -30,11 +30,18 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
     eagle = args.arch == "eagle"
     self_written = data.n_self_written
     from_file = data.prompts_file
-    file_note = _file_note(from_file) if from_file else ""
     n_templates = data.n_prompts - self_written - (from_file["train"] if from_file else 0)
-    written_note = (f",\n  and to {self_written} requests the target wrote itself into its chat template from each "
-                    f"category's first words\n  (`--self-prompts-per-category`, distill/self_prompts.py)"
-                    if self_written else "")
+    sources = []       # what the target answered, each source a line of the card's data item
+    if n_templates:
+        sources.append(f"{n_templates} prompts written from templates x topics over 13\n  Spec-Bench-like categories, "
+                       "with passages from the Python reference (`pydoc_data`), standard-library\n  docstrings and "
+                       "German gettext catalogues installed on the machine")
+    if self_written:
+        sources.append(f"{self_written} requests the target wrote itself into its chat template from each "
+                       f"category's first words\n  (`--self-prompts-per-category`, distill/self_prompts.py)")
+    if from_file:
+        sources.append(_file_note(from_file))
+    data_sources = ",\n  and to ".join(sources)
     if eagle:
         what = (f"An EAGLE-style draft (specmesh.eagle): {args.layers} decoder layer(s) that read each token together "
                 "with the target's feature (last hidden state) at the position before, over")
@@ -81,10 +88,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
 
 - seed {args.seed}, device {facts.get('device', 'cpu')}, torch threads {facts.get('threads')}
 - wall time {timings.total / 60:.1f} min ({phases}), summed over interrupted and resumed runs
-- data: the target's own answers to {n_templates} prompts written from templates x topics over 13
-  Spec-Bench-like categories, with passages from the Python reference (`pydoc_data`), standard-library
-  docstrings and German gettext catalogues installed on the machine{written_note}{file_note}; no Spec-Bench
-  question, nothing downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
+- data: the target's own answers to {data_sources}; no Spec-Bench question, nothing downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear
   kernels (`--generation-kernels`), finished rows {'dropped from' if args.finished_rows == 'drop' else 'kept in'}
@@ -110,6 +114,6 @@ committed tokens per step it implies at k = 4.{tree_note}
 
 def _file_note(facts: dict) -> str:
     left_out = "; ".join(f"{n} {reason}" for reason, n in facts["left_out"].items())
-    return (f",\n  and to {facts['train']} of the {facts['requests']} requests in `--prompts-file` {facts['path']}\n"
+    return (f"{facts['train']} of the {facts['requests']} requests in `--prompts-file` {facts['path']}\n"
             f"  (sha256 {facts['sha256'][:16]}..., categories {', '.join(facts['categories'])}; {facts['heldout']} "
             f"more held out for the table below" + (f"; left out: {left_out}" if left_out else "") + ")")

@@ -135,6 +135,7 @@ def test_distill_trains_on_the_file_alone_and_reports_its_categories(from_file, 
     card = (out / "README.md").read_text()
     assert f"--prompts-file {path}" in card and file_facts["sha256"][:16] in card and "| support |" in card
     assert "left out: 1 duplicate" in card
+    assert "written from templates" not in card, "the card names template prompts it did not train on"
 
     # What the target answered is each conversation in its chat template, ending at the user's last turn.
     tokenizer, _ = load_tokenizer(str(tiny_models["target"]))
