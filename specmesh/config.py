@@ -91,7 +91,8 @@ class DraftConfig(ServiceSettings):
     default_drafter: str | None = setting(
         None, "the drafter for a request that names none; unset: for a shipped draft, the measured choice in "
               "specmesh.drafts.SHIPPED_DEFAULT_DRAFTER (eagle-hybrid with the default target's EAGLE draft, "
-              "ngram with its plain one), else the model when there is one, else ngram")
+              "ngram with its plain one; an EAGLE draft of your own gets eagle-hybrid too), else the model when "
+              "there is one, else ngram")
     default_top_n: int = setting(
         8, "tokens kept of each proposal q when a caller leaves top_n unset: a truncated q is still exact, "
            "and a step's message stays O(k * top_n), not O(k * vocabulary)")

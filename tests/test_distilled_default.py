@@ -77,8 +77,9 @@ def test_greedy_equality_with_the_shipped_drafts(distilled_cluster, drafter, ks)
     assert accepted > 0
 
 
-def test_requests_naming_no_drafter_get_the_measured_choice():
+def test_requests_naming_no_drafter_get_the_measured_choice(tmp_path):
     from specmesh.drafts import default_drafter
+    from specmesh.eagle import EAGLE_FILE
 
     everything = {"ngram", "model", "hybrid", "eagle", "eagle-hybrid"}
     assert default_drafter(("smollm2-eagle", "smollm2-draft"), everything) == "eagle-hybrid"
@@ -88,3 +89,8 @@ def test_requests_naming_no_drafter_get_the_measured_choice():
     assert default_drafter(("none", "smollm2-draft"), {"ngram", "model", "hybrid"}) == "ngram"
     assert default_drafter((None, "/my/own/draft"), {"ngram", "model", "hybrid"}) == "model"
     assert default_drafter((None, None), {"ngram"}) == "ngram"
+    # An EAGLE draft of the user's own (say, the shipped one fitted with --init-from) is served by the same
+    # drafters as the shipped one: it gets the same choice, even beside the shipped plain draft.
+    (tmp_path / EAGLE_FILE).write_bytes(b"")
+    assert default_drafter((str(tmp_path), "smollm2-draft"), everything) == "eagle-hybrid"
+    assert default_drafter((str(tmp_path), None), {"ngram", "eagle", "eagle-hybrid"}) == "eagle-hybrid"

@@ -70,11 +70,19 @@ def draft_for(target: str | None, named: str | None) -> str | None:
 
 
 def default_drafter(drafts: tuple[str | None, ...], served: set[str]) -> str:
-    """The drafter for requests that name none: the measured choice of the first shipped draft in
-    `drafts` (the tier's EAGLE and plain draft models, in that order) whose choice is served, else
-    the model when one is served, else n-gram."""
+    """The drafter for requests that name none: the measured choice of the first draft in `drafts`
+    (the tier's EAGLE and plain draft models, in that order) whose choice is served, else the model
+    when one is served, else n-gram. A shipped draft's choice is in SHIPPED_DEFAULT_DRAFTER; an EAGLE
+    draft of the user's own (`specmesh distill --arch eagle`, `--init-from smollm2-eagle`) is the
+    shipped one's architecture, served by the same drafters, so it gets the same choice: before
+    this, serving one left every request on n-gram unless it named `eagle-hybrid`."""
+    from specmesh.eagle import is_eagle_draft
+
     for draft in drafts:
-        shipped = SHIPPED_DEFAULT_DRAFTER.get((draft or "").strip().lower())
+        name = (draft or "").strip().lower()
+        shipped = SHIPPED_DEFAULT_DRAFTER.get(name)
+        if shipped is None and name not in ("", "none") and is_eagle_draft(resolve_draft(draft)):
+            shipped = SHIPPED_DEFAULT_DRAFTER["smollm2-eagle"]
         if shipped in served:
             return shipped
     return "model" if "model" in served else "ngram"
