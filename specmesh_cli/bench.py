@@ -249,7 +249,10 @@ def report(rows: list[dict], configs: list[tuple[str, int]], out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    header = (f"{'category':<15}{'config':<17}{'prompts':>8}{'base tok/s':>11}{'spec tok/s':>11}{'speedup':>9}"
+    # Columns as wide as their longest entry: a question file of your own may name longer categories.
+    cw = max([15] + [len(s["category"]) + 2 for s in summary])
+    fw = max([17] + [len(s["config"]) + 2 for s in summary])
+    header = (f"{'category':<{cw}}{'config':<{fw}}{'prompts':>8}{'base tok/s':>11}{'spec tok/s':>11}{'speedup':>9}"
               f"{'accept':>8}{'tok/step':>9}{'ttft ms':>9}{'tpot ms':>9}  same output")
     print(header)
     print("-" * len(header))
@@ -257,9 +260,9 @@ def report(rows: list[dict], configs: list[tuple[str, int]], out: Path) -> None:
     for s in summary:
         if s["category"] != category:   # the category's target-only row first: its tok/s and latencies
             category = s["category"]
-            print(f"{category:<15}{'target-only':<17}{'':>8}{'':>11}{s['target_only_tokens_per_second']:>11.1f}"
+            print(f"{category:<{cw}}{'target-only':<{fw}}{'':>8}{'':>11}{s['target_only_tokens_per_second']:>11.1f}"
                   f"{1:>8.2f}x{'':>8}{1:>9.2f}{_ms(s['target_only_ttft_p50_ms'])}{_ms(s['target_only_tpot_ms'])}")
-        print(f"{s['category']:<15}{s['config']:<17}{s['prompts']:>8}{s['target_only_tokens_per_second']:>11.1f}"
+        print(f"{s['category']:<{cw}}{s['config']:<{fw}}{s['prompts']:>8}{s['target_only_tokens_per_second']:>11.1f}"
               f"{s['tokens_per_second']:>11.1f}{s['speedup']:>8.2f}x{s['acceptance_rate']:>8.2f}"
               f"{s['committed_per_step']:>9.2f}{_ms(s['ttft_p50_ms'])}{_ms(s['tpot_ms'])}  "
               f"{ {True: 'yes', False: 'NO', None: '- (sampled)'}[s['outputs_equal_target_only']]}")

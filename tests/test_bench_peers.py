@@ -190,3 +190,10 @@ def test_sampled_outputs_are_not_compared_with_target_only(tiny_cluster, bench_a
     assert {s["outputs_equal_target_only"] for s in summary} == {None}
     assert "- (sampled)" in capsys.readouterr().out
     assert bench._all_equal([True, None, True]) is True and bench._all_equal([True, False]) is False
+    # A question file of the user's own may name longer categories: the columns widen to keep them apart.
+    for r in rows:
+        r["category"] = "package-questions-long"
+    bench.report(rows, bench.parse_configs(bench_args.configs), bench_args.out)
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("package-questions-long  target-only") for line in lines), lines
+    assert any(line.startswith("package-questions-long  model:k=3") for line in lines), lines
