@@ -237,3 +237,42 @@ def test_init_from_refuses_what_does_not_fit_before_any_generation(from_file, ti
                          str(work), *TINY_ARGS, *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra
         assert not out.exists() and not (work / "data").exists(), extra
+
+
+# --------------------------------------------------------------------------- the tools around it
+
+
+def test_the_held_out_requests_become_a_question_file_the_bench_reads(tmp_path, capsys):
+    """tools.heldout_questions writes exactly the requests distill holds out (same file, split and seed),
+    each as its last user turn, in the question format `specmesh bench --questions` reads."""
+    from specmesh_cli import bench
+    from tools import heldout_questions
+
+    path = _write(tmp_path / "requests.jsonl", _requests())
+    out = tmp_path / "heldout.jsonl"
+    assert heldout_questions.main([str(path), "--heldout-per-category", "2", "--seed", "7", "--out", str(out)]) == 0
+    held = load(path, 2, 7, True).heldout
+    questions = bench.load_questions(out, [], 10, [])
+    assert [(q["category"], q["turns"]) for q in questions] == [(p.category, [p.text]) for p in held]
+    assert len(questions) == 4 and all(q["question_id"] >= heldout_questions.FIRST_ID for q in questions)
+    assert heldout_questions.main([str(tmp_path / "none.jsonl"), "--heldout-per-category", "2", "--seed", "7",
+                                   "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_package_requests_are_a_prompts_file_in_three_categories(tmp_path):
+    from tools import package_requests
+
+    status = tmp_path / "status"
+    status.write_text("".join(
+        f"Package: pkg{i}\nStatus: install ok installed\nDescription: tool number {i}\n a longer text\n .\n"
+        f" about tool {i}\n\n" for i in range(6)))
+    out = tmp_path / "requests.jsonl"
+    assert package_requests.main(["--status", str(status), "--out", str(out)]) == 0
+    source = load(out, 0, 0, True)
+    assert source.lines == 6 and not source.dropped
+    counts = {c: sum(p.category == c for p in source.train) for c in ("package-notes", "package-questions", "ops-chat")}
+    assert counts == {"package-notes": 2, "package-questions": 2, "ops-chat": 2}
+    notes = [p.text for p in source.train if p.category == "package-notes"]
+    assert all("a longer text about tool" in t for t in notes)
+    assert all(len(p.messages) == 3 for p in source.train if p.category == "ops-chat")
