@@ -112,6 +112,15 @@ def load(path: Path, heldout_per_category: int, seed: int, chat_template: bool,
                        {reason: n for reason, n in dropped.items() if n})
 
 
+def load_for_training(path: Path, heldout_per_category: int, seed: int, chat_template: bool) -> PromptsFile:
+    """`load` with the Spec-Bench filter: what `specmesh distill --prompts-file` trains on and holds out.
+    tools.heldout_questions calls it too, so its question file is exactly distill's held-out split."""
+    from distill.self_prompts import BenchFilter
+    from specmesh import spec_bench
+
+    return load(path, heldout_per_category, seed, chat_template, BenchFilter(spec_bench.QUESTIONS))
+
+
 def _prompt(record, where: str, chat_template: bool) -> Prompt:
     category = DEFAULT_CATEGORY
     if isinstance(record, dict):

@@ -295,12 +295,9 @@ def _read_prompts_file(args, chat_template: bool):
     if args.prompts_file is None:
         return None
     from distill import prompts_file
-    from distill.self_prompts import BenchFilter
-    from specmesh import spec_bench
 
     try:
-        return prompts_file.load(args.prompts_file, args.heldout_per_category, args.seed, chat_template,
-                                 BenchFilter(spec_bench.QUESTIONS))
+        return prompts_file.load_for_training(args.prompts_file, args.heldout_per_category, args.seed, chat_template)
     except prompts_file.PromptsFileError as error:
         raise DistillError(str(error)) from None
 

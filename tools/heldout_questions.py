@@ -1,7 +1,7 @@
 """The held-out requests of a `--prompts-file` as a question file for `specmesh bench`.
 
 `specmesh distill --prompts-file F --heldout-per-category N --seed S` holds out the same requests this
-writes (distill.prompts_file.load, same arguments), so a bench of the file's held-out requests
+writes (distill.prompts_file.load_for_training, same arguments), so a bench of the file's held-out requests
 measures a draft, through the services, on requests it never trained on:
 
     python -m tools.heldout_questions requests.jsonl --heldout-per-category 8 --seed 0 --out heldout.jsonl
@@ -16,9 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from distill.prompts_file import PromptsFileError, load
-from distill.self_prompts import BenchFilter
-from specmesh import spec_bench
+from distill.prompts_file import PromptsFileError, load_for_training
 
 FIRST_ID = 900_000      # far above Spec-Bench's question ids, so the two never meet in one results file
 
@@ -31,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     try:
-        source = load(args.prompts_file, args.heldout_per_category, args.seed, chat_template=True,
-                      keep=BenchFilter(spec_bench.QUESTIONS))
+        source = load_for_training(args.prompts_file, args.heldout_per_category, args.seed, chat_template=True)
     except PromptsFileError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
