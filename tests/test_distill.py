@@ -24,6 +24,8 @@ from specmesh_cli.redis_server import free_port
 from specmesh.sampling import SamplingParams
 from specmesh.spec_bench import QUESTIONS as BENCH
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 if not BENCH.exists():      # a clone outside the workspace (CI's) has no ../shared beside it
     BENCH = Path("/work/shared/bench/spec_bench_questions.jsonl")
 

@@ -17,6 +17,8 @@ from specmesh.models import load_tokenizer
 from specmesh_cli.redis_server import free_port
 from tests.test_greedy_equality import REAL_PROMPTS
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 FOLDER = SHIPPED["smollm2-draft"]
 EAGLE = SHIPPED["smollm2-eagle"]
 CHAT_PROMPTS = ["Explain why the sky is blue in three sentences.", "Write a Python function that adds two numbers."]

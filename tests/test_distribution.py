@@ -21,6 +21,8 @@ import torch
 from specmesh.sampling import SamplingParams, Stream, process_logits, sample, uniform
 from specmesh.speculative import Acceptance, Scores, accept, draft_token, score_draft
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 V, K, N_TOP, PROMPT, GEN = 8, 2, 4, 3, 3
 N_SEEDS = 10_000
 ALPHA = 1e-3

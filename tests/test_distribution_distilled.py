@@ -20,6 +20,8 @@ from specmesh.models import load_model
 from tests.tiny_models import build_tiny_model
 from tests.test_distribution_models import ALPHA, PARAMS, p_value
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 SUBSET = (1, 2, 3, 4, 6, 8)   # </s> and five letters; <unk>, 'd', 'f' and 'h' are never proposed
 
 

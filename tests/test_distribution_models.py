@@ -39,6 +39,8 @@ from tests.test_distribution import _chi2_pvalue
 from verifier_service.engine import TargetEngine
 from verifier_service.servicer import VerifierServicer
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 DRAWS = 2500
 ALPHA = 1e-3
 K = 3

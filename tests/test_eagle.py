@@ -34,6 +34,8 @@ from tests.conftest import stream_through_a_kill
 from tests.test_failover import _handles
 from verifier_service.engine import TargetEngine, VerifyCall
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 PROMPTS = ["the cat sat on the mat. the cat", "hello world, said the", "once upon a time", "1, 2, 3, 4,"]
 GREEDY = dict(max_new_tokens=60, temperature=0.0)
 

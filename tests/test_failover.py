@@ -13,6 +13,8 @@ from specmesh.client import Client, build_request
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def replicated(tiny_models, redis_url, tmp_path_factory):

@@ -28,6 +28,8 @@ from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 from tests.conftest import SERVING, health_status
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 MAX_BODY = 64 * 1024
 HAIKU = [{"role": "user", "content": "Write a haiku about caches"}]
 

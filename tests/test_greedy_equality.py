@@ -13,6 +13,8 @@ import torch
 from specmesh.client import Client
 from specmesh.models import load_model
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 TINY_PROMPTS = ["hello world, hello world, hello", "the cat sat on the mat. the cat", "abc abc abc abc 123"]
 
 

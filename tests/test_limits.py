@@ -13,6 +13,8 @@ from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 from tests.conftest import SERVING, health_status
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def limited(tiny_models, redis_url, tmp_path_factory):

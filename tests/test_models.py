@@ -25,6 +25,8 @@ from specmesh.models import (
 )
 from tests.tiny_models import build_tiny_model
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 
 @pytest.fixture(autouse=True)
 def _private_cache(request, tmp_path, monkeypatch):

@@ -14,6 +14,8 @@ from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
 from tests.conftest import SERVING, health_status
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 PROMPTS = ["alpha beta gamma", "one two three four", "hello there, hello", "the lazy dog sleeps"]
 REQUEST = dict(max_new_tokens=240, k=3, drafter="model", temperature=0.8, seed=5)
 

@@ -7,6 +7,8 @@ from specmesh.client import Client
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 SAMPLED = dict(max_new_tokens=32, temperature=1.0, top_p=0.95, k=3, drafter="model")
 PROMPTS = ["hello world", "the cat sat on the mat"]
 

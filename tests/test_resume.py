@@ -14,6 +14,8 @@ from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 from tests.conftest import stream_through_a_kill
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 REQUEST = dict(max_new_tokens=200, k=3, drafter="model")
 
 

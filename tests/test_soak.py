@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specmesh_cli import cli
+
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
 
 
 def test_a_tiny_soak_under_chaos_keeps_every_output(tiny_models, tmp_path):

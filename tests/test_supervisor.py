@@ -11,11 +11,14 @@ import textwrap
 import time
 
 import grpc
+import pytest
 
 from specmesh.client import Client
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import free_port
 from tests.conftest import SERVING, health_status
+
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
 
 
 def _alive(pid: int) -> bool:

@@ -26,6 +26,8 @@ from specmesh.speculative import TreeAcceptance, TreeScores, accept_tree, score_
 from tests.test_distribution import ALPHA, DRAFT_LOGITS, GEN, PROMPT, TARGET_LOGITS, V, _chi2_pvalue
 from verifier_service.batching import batched_forward
 
+pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
+
 N_SEEDS = 10_000
 BRANCH = 2
 
