@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import grpc
 
@@ -14,7 +14,7 @@ from specmesh.tls import ChannelTLS, channel as tls_channel
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc, sampling_pb2
 
 
-def build_request(prompt: str | Sequence[int], *, chat: bool = False, max_new_tokens: int | None = None,
+def build_request(prompt: str | Sequence[int] | Sequence[Mapping[str, str]], *, chat: bool = False, max_new_tokens: int | None = None,
                   temperature: float = 0.0, top_k: int = 0, top_p: float | None = None, seed: int | None = None,
                   k: int | None = None, drafter: str = "", stop: Sequence[str] = (),
                   session_id: str = "") -> orchestrator_pb2.GenerateRequest:
@@ -26,6 +26,9 @@ def build_request(prompt: str | Sequence[int], *, chat: bool = False, max_new_to
             request.chat.messages.add(role="user", content=prompt)
         else:
             request.text = prompt
+    elif prompt and isinstance(prompt[0], Mapping):   # a conversation: [{"role": ..., "content": ...}, ...]
+        for message in prompt:
+            request.chat.messages.add(role=message["role"], content=message["content"])
     else:
         request.tokens.token_ids.extend(prompt)
     if top_p is not None:

@@ -49,6 +49,10 @@ def add_arguments(p) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="run every prompt and configuration this many times, interleaved (less noise)")
     p.add_argument("--no-chat", action="store_true", help="send the raw question instead of a chat turn")
+    p.add_argument("--turns", default="1",
+                   help="turns of each question to answer: 1 (the first), N, or 'all'. A later turn is sent after "
+                        "the earlier ones and target-only's answers to them, as Spec-Bench runs its multi-turn "
+                        "categories; each turn is a run of its own in the table")
     p.add_argument("--out", type=Path, default=Path("bench_results"), help="folder for json, csv and png")
     launcher.add_thread_arguments(p)
     bench_peers.add_arguments(p)
@@ -85,9 +89,23 @@ def parse_configs(text: str, default: tuple[str, int] | None = None) -> list[tup
     return configs
 
 
+def turns_wanted(text: str, chat: bool) -> int:
+    """--turns as the most turns of a question to answer (a very large number for 'all')."""
+    if text == "all":
+        turns = sys.maxsize
+    elif text.isdigit() and int(text) >= 1:
+        turns = int(text)
+    else:
+        raise SystemExit(f"--turns must be a number of turns (1 or more) or 'all', not {text!r}")
+    if turns > 1 and not chat:
+        raise SystemExit("--turns beyond the first needs the chat template: a raw prompt has no turns (drop --no-chat)")
+    return turns
+
+
 def run(args) -> int:
     from specmesh_cli.launcher import Cluster
 
+    turns_wanted(args.turns, chat=not args.no_chat)   # refused before anything starts
     questions = load_questions(args.questions, [c for c in args.categories.split(",") if c], args.per_category,
                                [int(i) for i in args.question_ids.split(",") if i])
     cluster = None
@@ -128,42 +146,66 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
 
     rows = []
     peers = _load_peers(args, configs)
+    turns = turns_wanted(getattr(args, "turns", "1"), chat=not args.no_chat)
     with Client(address) as client:
         # One untimed request so that lazy initialisation is not billed to the first prompt.
         client.generate("Hello", chat=not args.no_chat, max_new_tokens=4, k=0)
-        total = len(questions) * (len(configs) + 1 + (len(peers.settings()) if peers else 0)) * args.repeats
-        done = 0
-        started = time.perf_counter()
+        runs_per_turn = len(configs) + 1 + (len(peers.settings()) if peers else 0)
+        progress = _Progress(sum(min(turns, len(q["turns"])) for q in questions) * runs_per_turn * args.repeats)
         for q in [q for q in questions for _ in range(args.repeats)]:
-            prompt = q["turns"][0]
-            baseline = None
-            for drafter, k in [("", 0)] + configs:
-                c = client.generate(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens, k=k,
-                                    drafter=drafter, temperature=args.temperature, seed=q["question_id"])
-                s = c.stats
-                if baseline is None:
-                    baseline = c
-                rows.append({"question_id": q["question_id"], "category": q["category"],
-                             "config": "target-only" if k == 0 else f"{drafter}:k={k}", "drafter": drafter, "k": k,
-                             "committed_tokens": s.committed_tokens, "elapsed_s": s.elapsed_s,
-                             "ttft_s": s.time_to_first_token_s if s.committed_tokens else None,
-                             "tokens_per_second": s.tokens_per_second, "steps": s.steps,
-                             "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
-                             "acceptance_rate": s.acceptance_rate, "committed_per_step": s.committed_per_step,
-                             # Sampled runs draw other random numbers than target-only's (the rule keeps
-                             # the distribution, not the sample), so only greedy outputs can be compared.
-                             "same_as_target_only": c.token_ids == baseline.token_ids if not args.temperature
-                             else None})
-                done += 1
-                eta = (time.perf_counter() - started) / done * (total - done)
-                print(f"[{done}/{total}] q{q['question_id']} {q['category']:<14} {rows[-1]['config']:<12} "
-                      f"{s.committed_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
-                      f"accept {s.acceptance_rate:4.2f}  per step {s.committed_per_step:4.2f}  "
-                      f"(eta {eta:4.0f} s)", file=sys.stderr, flush=True)
-                if k == 0 and peers:   # the same prompt through the HF peers, right after our baseline
-                    rows.extend(_run_peers(peers, q, baseline, args))
-                    done += len(peers.settings())
+            # Every configuration answers a turn after the same conversation: the earlier turns with
+            # target-only's answers (what each of them gives too, when greedy).
+            conversation: list[dict] = []
+            for turn, text in enumerate(q["turns"][:turns], 1):
+                conversation.append({"role": "user", "content": text})
+                prompt = text if args.no_chat else list(conversation)
+                baseline = _run_turn(client, peers, q, turn, prompt, configs, args, rows, progress)
+                conversation.append({"role": "assistant", "content": baseline.text})
     return rows
+
+
+class _Progress:
+    """Runs done of the total, and the time left at this pace, for the line each run prints."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.started = total, 0, time.perf_counter()
+
+    def tick(self, runs: int = 1) -> float:
+        self.done += runs
+        return (time.perf_counter() - self.started) / self.done * (self.total - self.done)
+
+
+def _run_turn(client, peers, q: dict, turn: int, prompt, configs, args, rows: list[dict], progress: _Progress):
+    """One turn of a question: target-only, then each configuration (and the peers after target-only);
+    appends their rows and returns target-only's completion."""
+    baseline = None
+    label = f"q{q['question_id']}" + (f".{turn}" if turn > 1 else "")
+    for drafter, k in [("", 0)] + configs:
+        c = client.generate(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens, k=k,
+                            drafter=drafter, temperature=args.temperature, seed=q["question_id"])
+        s = c.stats
+        if baseline is None:
+            baseline = c
+        rows.append({"question_id": q["question_id"], "turn": turn, "category": q["category"],
+                     "config": "target-only" if k == 0 else f"{drafter}:k={k}", "drafter": drafter, "k": k,
+                     "prompt_tokens": s.prompt_tokens, "committed_tokens": s.committed_tokens, "elapsed_s": s.elapsed_s,
+                     "ttft_s": s.time_to_first_token_s if s.committed_tokens else None,
+                     "tokens_per_second": s.tokens_per_second, "steps": s.steps,
+                     "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+                     "acceptance_rate": s.acceptance_rate, "committed_per_step": s.committed_per_step,
+                     # Sampled runs draw other random numbers than target-only's (the rule keeps
+                     # the distribution, not the sample), so only greedy outputs can be compared.
+                     "same_as_target_only": c.token_ids == baseline.token_ids if not args.temperature
+                     else None})
+        eta = progress.tick()
+        print(f"[{progress.done}/{progress.total}] {label} {q['category']:<14} {rows[-1]['config']:<12} "
+              f"{s.committed_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
+              f"accept {s.acceptance_rate:4.2f}  per step {s.committed_per_step:4.2f}  "
+              f"(eta {eta:4.0f} s)", file=sys.stderr, flush=True)
+        if k == 0 and peers:   # the same prompt through the HF peers, right after our baseline
+            rows.extend(_run_peers(peers, q, turn, prompt, baseline, args))
+            progress.tick(len(peers.settings()))
+    return baseline
 
 
 def _load_peers(args, configs: list[tuple[str, int]]) -> "bench_peers.HFPeers | None":
@@ -179,13 +221,14 @@ def _load_peers(args, configs: list[tuple[str, int]]) -> "bench_peers.HFPeers | 
                                     args.temperature, threads=args.verifier_torch_threads)
 
 
-def _run_peers(peers, q: dict, baseline, args) -> list[dict]:
+def _run_peers(peers, q: dict, turn: int, prompt, baseline, args) -> list[dict]:
     from orchestrator.requests import tokenize_prompt
     from specmesh.client import build_request
 
     # The orchestrator's own tokenization: the peers see exactly our prompt ids.
-    prompt_ids = tokenize_prompt(build_request(q["turns"][0], chat=not args.no_chat), peers.target.tokenizer)
-    rows = peers.run_prompt(prompt_ids, q, baseline.token_ids, args.max_new_tokens)
+    prompt_ids = tokenize_prompt(build_request(prompt, chat=not args.no_chat), peers.target.tokenizer)
+    rows = [{"question_id": q["question_id"], "turn": turn, **r}
+            for r in peers.run_prompt(prompt_ids, q, baseline.token_ids, args.max_new_tokens)]
     for r in rows:
         same = {True: "same", False: "DIFFERENT", None: "-"}[r["same_as_target_only"]]
         print(f"[peer] q{q['question_id']} {q['category']:<14} {r['config']:<14} {r['committed_tokens']:4d} tok "

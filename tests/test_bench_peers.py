@@ -197,3 +197,47 @@ def test_sampled_outputs_are_not_compared_with_target_only(tiny_cluster, bench_a
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("package-questions-long  target-only") for line in lines), lines
     assert any(line.startswith("package-questions-long  model:k=3") for line in lines), lines
+
+
+TWO_TURNS = [{"question_id": 7, "category": "writing", "turns": ["hello world, hello", "abc abc abc abc"]},
+             {"question_id": 8, "category": "coding", "turns": ["abc abc 123"]}]
+
+
+def test_later_turns_follow_the_conversation_so_far(tiny_cluster, bench_args, tmp_path):
+    """--turns all: a question's second turn is sent after its first and target-only's answer to it, to every
+    configuration and peer alike; a one-turn question gives one turn."""
+    from orchestrator.requests import tokenize_prompt
+    from specmesh.client import Client, build_request
+    from specmesh.models import load_tokenizer
+
+    bench_args.questions.write_text("".join(json.dumps(q) + "\n" for q in TWO_TURNS))
+    bench_args.turns = "all"
+    questions = bench.load_questions(bench_args.questions, [], 1, [])
+    rows = bench.measure(tiny_cluster.address, questions, bench.parse_configs(bench_args.configs), bench_args)
+
+    configs = ["target-only", "model:k=3", "ngram:k=2", "hf:generate", "hf:lookup=2", "hf:lookup=5",
+               "hf:assisted=2", "hf:assisted=3"]
+    assert sorted((r["question_id"], r["turn"]) for r in rows) == sorted(
+        (q, t) for q, t in [(7, 1), (7, 2), (8, 1)] for _ in configs)
+    assert all(r["same_as_target_only"] for r in rows)
+    with Client(tiny_cluster.address) as client:   # target-only's answer to the first turn, as the bench got it
+        first = client.generate(TWO_TURNS[0]["turns"][0], chat=True, max_new_tokens=bench_args.max_new_tokens,
+                                k=0, seed=7)
+    conversation = [{"role": "user", "content": TWO_TURNS[0]["turns"][0]},
+                    {"role": "assistant", "content": first.text},
+                    {"role": "user", "content": TWO_TURNS[0]["turns"][1]}]
+    tokenizer, _ = load_tokenizer(str(bench_args.model))
+    wanted = len(tokenize_prompt(build_request(conversation), tokenizer))
+    second = [r for r in rows if r["question_id"] == 7 and r["turn"] == 2]
+    assert {r["prompt_tokens"] for r in second} == {wanted}
+    assert wanted > next(r["prompt_tokens"] for r in rows if r["question_id"] == 7 and r["turn"] == 1) + len(first.text) // 2
+
+    bench.report(rows, bench.parse_configs(bench_args.configs), tmp_path / "report")
+    assert "turn" in (tmp_path / "report" / "results.csv").read_text().splitlines()[0].split(",")
+
+
+@pytest.mark.parametrize("turns, no_chat, message", [("0", False, "1 or more"), ("two", False, "or 'all'"),
+                                                     ("2", True, "needs the chat template")])
+def test_bad_turns_are_refused(turns, no_chat, message):
+    with pytest.raises(SystemExit, match=message):
+        bench.turns_wanted(turns, chat=not no_chat)
