@@ -162,6 +162,13 @@ def test_compare_bench_pairs_two_runs_question_by_question(tmp_path):
     with pytest.raises(ValueError, match="share no question"):
         paired_difference({"1": 2.0}, {"2": 2.0})
 
+    # A run that also asked second turns (`bench --turns all`): its first turns pair with a first-turn run.
+    turns = tmp_path / "turns.csv"
+    turns.write_text("question_id,turn,category,config,committed_tokens,elapsed_s,steps\n"
+                     "1,1,qa,e:k=5,100,5,40\n1,2,qa,e:k=5,300,5,100\n2,1,rag,e:k=5,90,4,30\n")
+    assert per_question(str(turns), "e:k=5") == {"1": 2.5, "1.2": 3.0, "2": 3.0}
+    assert paired_difference(per_question(str(a), "e:k=5"), per_question(str(turns), "e:k=5"))[:2] == (2, 0.25)
+
 
 def test_default_config_is_what_a_request_naming_nothing_gets(tiny_cluster, tiny_client):
     """`specmesh bench` with no --configs measures the server's default drafter and k, not a fixed one."""

@@ -38,12 +38,16 @@ def per_category(path: str, config: str) -> dict[str, tuple[float, float]]:
 
 
 def per_question(path: str, config: str) -> dict[str, float]:
-    """question id -> committed tokens per step for `config` (summed over repeats) in one results.csv."""
+    """question id (with ".2" for a second turn, `bench --turns`) -> committed tokens per step for `config`
+    (summed over repeats) in one results.csv. A first turn keeps the bare id, so a first-turn run pairs
+    with the first turns of a run that also asked later ones (and with runs from before the column)."""
     sums = defaultdict(lambda: [0.0, 0.0])
     for row in csv.DictReader(open(path)):
         if row["config"] == config:
-            sums[row["question_id"]][0] += float(row["committed_tokens"])
-            sums[row["question_id"]][1] += float(row["steps"])
+            turn = row.get("turn") or "1"
+            key = row["question_id"] if turn == "1" else f"{row['question_id']}.{turn}"
+            sums[key][0] += float(row["committed_tokens"])
+            sums[key][1] += float(row["steps"])
     return {q: tokens / steps for q, (tokens, steps) in sums.items() if steps}
 
 
