@@ -116,6 +116,10 @@ class Completions:
                 call.cancel()
                 reading.cancel()
                 self.metrics.disconnects.add(1, {"tier": "gateway"})
+        if not reading.done():
+            # cancel() lands at the reader's next await: until then the task has no result (result() would
+            # raise InvalidStateError, a 500, where the answer is 499).
+            await asyncio.wait((reading,))
         try:
             reading.result()
         except asyncio.CancelledError:

@@ -17,9 +17,10 @@ from specmesh_cli.launcher import Cluster
 from specmesh_cli.redis_server import EmbeddedRedis, free_port
 from tests.tiny_models import build_tiny_model
 
-# The suite runs under pytest-xdist (addopts in pyproject.toml), a worker per core, whole modules to a
-# worker. The long modules (module-level `pytestmark = pytest.mark.slow`) are handed out first, so no
-# worker starts one when the others are nearly done: on 2 cores that tail was minutes.
+# Under pytest-xdist (`-n auto --dist loadfile --no-loadscope-reorder`, opt-in: pyproject.toml), a worker
+# per core, whole modules to a worker. There the long modules (module-level `pytestmark = pytest.mark.slow`)
+# are handed out first, so no worker starts one when the others are nearly done. In one process the order
+# stays the files' own.
 MAX_WORKERS = 4   # each worker starts its own clusters; more than this mostly adds their start-ups
 
 
@@ -28,7 +29,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 def pytest_collection_modifyitems(items) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)   # stable: modules stay whole
+    if os.environ.get("PYTEST_XDIST_WORKER"):   # xdist's workers collect; the controller hands out in this order
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)   # stable: modules stay whole
 
 
 @pytest.fixture(scope="session")
