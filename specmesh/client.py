@@ -14,9 +14,10 @@ from specmesh.tls import ChannelTLS, channel as tls_channel
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc, sampling_pb2
 
 
-def build_request(prompt: str | Sequence[int] | Sequence[Mapping[str, str]], *, chat: bool = False, max_new_tokens: int | None = None,
-                  temperature: float = 0.0, top_k: int = 0, top_p: float | None = None, seed: int | None = None,
-                  k: int | None = None, drafter: str = "", stop: Sequence[str] = (),
+def build_request(prompt: str | Sequence[int] | Sequence[Mapping[str, str]], *, chat: bool = False,
+                  max_new_tokens: int | None = None, temperature: float = 0.0, top_k: int = 0,
+                  top_p: float | None = None, seed: int | None = None, k: int | None = None, drafter: str = "",
+                  stop: Sequence[str] = (),
                   session_id: str = "") -> orchestrator_pb2.GenerateRequest:
     request = orchestrator_pb2.GenerateRequest(drafter=drafter, stop=list(stop), session_id=session_id,
                                                sampling=sampling_pb2.SamplingParams(temperature=temperature,

@@ -146,7 +146,7 @@ def measure(address: str, questions: list[dict], configs: list[tuple[str, int]],
 
     rows = []
     peers = _load_peers(args, configs)
-    turns = turns_wanted(getattr(args, "turns", "1"), chat=not args.no_chat)
+    turns = turns_wanted(args.turns, chat=not args.no_chat)
     with Client(address) as client:
         # One untimed request so that lazy initialisation is not billed to the first prompt.
         client.generate("Hello", chat=not args.no_chat, max_new_tokens=4, k=0)
@@ -179,7 +179,6 @@ def _run_turn(client, peers, q: dict, turn: int, prompt, configs, args, rows: li
     """One turn of a question: target-only, then each configuration (and the peers after target-only);
     appends their rows and returns target-only's completion."""
     baseline = None
-    label = f"q{q['question_id']}" + (f".{turn}" if turn > 1 else "")
     for drafter, k in [("", 0)] + configs:
         c = client.generate(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens, k=k,
                             drafter=drafter, temperature=args.temperature, seed=q["question_id"])
@@ -188,7 +187,8 @@ def _run_turn(client, peers, q: dict, turn: int, prompt, configs, args, rows: li
             baseline = c
         rows.append({"question_id": q["question_id"], "turn": turn, "category": q["category"],
                      "config": "target-only" if k == 0 else f"{drafter}:k={k}", "drafter": drafter, "k": k,
-                     "prompt_tokens": s.prompt_tokens, "committed_tokens": s.committed_tokens, "elapsed_s": s.elapsed_s,
+                     "prompt_tokens": s.prompt_tokens, "committed_tokens": s.committed_tokens,
+                     "elapsed_s": s.elapsed_s,
                      "ttft_s": s.time_to_first_token_s if s.committed_tokens else None,
                      "tokens_per_second": s.tokens_per_second, "steps": s.steps,
                      "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
@@ -198,7 +198,7 @@ def _run_turn(client, peers, q: dict, turn: int, prompt, configs, args, rows: li
                      "same_as_target_only": c.token_ids == baseline.token_ids if not args.temperature
                      else None})
         eta = progress.tick()
-        print(f"[{progress.done}/{progress.total}] {label} {q['category']:<14} {rows[-1]['config']:<12} "
+        print(f"[{progress.done}/{progress.total}] {_label(q, turn)} {q['category']:<14} {rows[-1]['config']:<12} "
               f"{s.committed_tokens:4d} tok {s.tokens_per_second:6.1f} tok/s  "
               f"accept {s.acceptance_rate:4.2f}  per step {s.committed_per_step:4.2f}  "
               f"(eta {eta:4.0f} s)", file=sys.stderr, flush=True)
@@ -206,6 +206,11 @@ def _run_turn(client, peers, q: dict, turn: int, prompt, configs, args, rows: li
             rows.extend(_run_peers(peers, q, turn, prompt, baseline, args))
             progress.tick(len(peers.settings()))
     return baseline
+
+
+def _label(q: dict, turn: int) -> str:
+    """A run's question in the progress lines: q81, and q81.2 for its second turn."""
+    return f"q{q['question_id']}" + (f".{turn}" if turn > 1 else "")
 
 
 def _load_peers(args, configs: list[tuple[str, int]]) -> "bench_peers.HFPeers | None":
@@ -227,11 +232,10 @@ def _run_peers(peers, q: dict, turn: int, prompt, baseline, args) -> list[dict]:
 
     # The orchestrator's own tokenization: the peers see exactly our prompt ids.
     prompt_ids = tokenize_prompt(build_request(prompt, chat=not args.no_chat), peers.target.tokenizer)
-    rows = [{"question_id": q["question_id"], "turn": turn, **r}
-            for r in peers.run_prompt(prompt_ids, q, baseline.token_ids, args.max_new_tokens)]
+    rows = [{**r, "turn": turn} for r in peers.run_prompt(prompt_ids, q, baseline.token_ids, args.max_new_tokens)]
     for r in rows:
         same = {True: "same", False: "DIFFERENT", None: "-"}[r["same_as_target_only"]]
-        print(f"[peer] q{q['question_id']} {q['category']:<14} {r['config']:<14} {r['committed_tokens']:4d} tok "
+        print(f"[peer] {_label(q, turn)} {q['category']:<14} {r['config']:<14} {r['committed_tokens']:4d} tok "
               f"{r['tokens_per_second']:6.1f} tok/s  per step {r['committed_per_step']:4.2f}  {same}",
               file=sys.stderr, flush=True)
     return rows

@@ -157,7 +157,8 @@ class HFPeers:
             steps = max(1, forwards - 1)     # the first forward is the prefill, which also gives token 1
             rows.append({"question_id": question["question_id"], "category": question["category"], "config": name,
                          "drafter": name.split("=")[0], "k": int(name.split("=")[1]) if "=" in name else 0,
-                         "prompt_tokens": len(prompt_ids), "committed_tokens": len(new), "elapsed_s": elapsed, "ttft_s": None,
+                         "prompt_tokens": len(prompt_ids), "committed_tokens": len(new), "elapsed_s": elapsed,
+                         "ttft_s": None,
                          "tokens_per_second": len(new) / elapsed if elapsed else 0.0, "steps": steps,
                          "draft_tokens": 0, "accepted_tokens": 0, "acceptance_rate": 0.0,
                          "committed_per_step": len(new) / steps,
