@@ -27,8 +27,9 @@ async def when_serving(replica: Replica, service: str) -> None:
     held with wait_for_ready so a replica that is not up yet is waited for, not failed."""
     stub = health_pb2_grpc.HealthStub(replica.channel)
     while True:
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service=service), wait_for_ready=True)
         try:
-            async for reply in stub.Watch(health_pb2.HealthCheckRequest(service=service), wait_for_ready=True):
+            async for reply in watch:
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 log.info("waiting for %s at %s (%s)", service, replica.address,
@@ -36,6 +37,10 @@ async def when_serving(replica: Replica, service: str) -> None:
         except grpc.aio.AioRpcError as error:   # the replica restarted mid-watch: watch again
             log.info("waiting for %s at %s (%s)", service, replica.address, error.code().name)
             await asyncio.sleep(1.0)   # an answered error (not a missing server) would otherwise repeat at once
+        finally:
+            # Leaving the loop does not end the call; until garbage collection did, the stream stayed open
+            # on the replica and held its next graceful stop for the whole grace period (30 s).
+            watch.cancel()
 
 
 async def infos(pool: ReplicaPool, service: str) -> list:

@@ -177,7 +177,10 @@ class ServiceRuntime:
         # Tracing's interceptor (none when tracing is off) goes first: its span covers the status mapping.
         self.interceptors = [*telemetry.server_interceptors(), *interceptors,
                              StatusInterceptor()]
-        self.server = grpc.aio.server(interceptors=self.interceptors, options=message_size_options(max_message_bytes))
+        # SO_REUSEPORT off (gRPC turns it on): with it, a second server on a port already bound shares it and
+        # takes part of its connections (health checks included) instead of failing to start.
+        self.server = grpc.aio.server(interceptors=self.interceptors,
+                                      options=[*message_size_options(max_message_bytes), ("grpc.so_reuseport", 0)])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._stopping = asyncio.Event()
@@ -193,8 +196,11 @@ class ServiceRuntime:
         reflection.enable_server_reflection([*descriptors, *self.service_names, reflection.SERVICE_NAME,
                                              health.SERVICE_NAME], self.server)
         address = f"{self.host}:{self.port}"
-        bound = (self.server.add_secure_port(address, self._credentials) if self._credentials is not None
-                 else self.server.add_insecure_port(address))
+        try:
+            bound = (self.server.add_secure_port(address, self._credentials) if self._credentials is not None
+                     else self.server.add_insecure_port(address))
+        except RuntimeError:   # newer grpcio raises where older ones returned 0
+            bound = 0
         if bound == 0:
             raise RuntimeError(f"could not bind {self.host}:{self.port} (in use?)")
         self.port = bound

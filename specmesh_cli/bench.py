@@ -111,7 +111,7 @@ def run(args) -> int:
     cluster = None
     address = args.addr
     if address is None:
-        from specmesh_cli.redis_server import free_port
+        from specmesh_cli.ports import free_port
 
         from specmesh.drafts import draft_for, eagle_for
 

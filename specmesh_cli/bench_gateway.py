@@ -145,7 +145,7 @@ def measure_gateway_latency(pairs: int) -> dict:
     import httpx
 
     from specmesh_cli.launcher import wait_http_ok
-    from specmesh_cli.redis_server import free_port
+    from specmesh_cli.ports import free_port
     from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
     class Instant(orchestrator_pb2_grpc.OrchestratorServicer):
@@ -160,7 +160,7 @@ def measure_gateway_latency(pairs: int) -> dict:
     port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
 
     async def serve():
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])   # a port in use fails here, not shared
         orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(Instant(), server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -312,7 +312,7 @@ def run(args) -> int:
     prompts = [q["turns"][0] for q in load_questions(args.questions, [], args.per_category, [])]
     cluster, address, http_url = None, args.addr, args.http_url
     if address is None or http_url is None:
-        from specmesh_cli.redis_server import free_port
+        from specmesh_cli.ports import free_port
 
         from specmesh.drafts import eagle_for
 

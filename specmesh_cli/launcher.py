@@ -27,7 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specmesh.tls import ChannelTLS, channel as tls_channel
 from specmesh_cli.children import child_env
-from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from specmesh_cli.ports import free_port
+from specmesh_cli.redis_server import EmbeddedRedis
 
 log = logging.getLogger("specmesh.launcher")
 

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from specmesh.tls import ChannelTLS
 from specmesh_cli.children import die_with_parent
+from specmesh_cli.ports import free_port
 
 
 def find_redis_server() -> str:
@@ -30,12 +31,6 @@ def find_redis_server() -> str:
     raise FileNotFoundError(
         "no redis-server binary found: install one (Debian/Ubuntu: apt-get install redis-server) "
         "or point REDIS_URL at an existing Redis")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EmbeddedRedis:

@@ -23,7 +23,8 @@ A run, in order:
    `--chaos-every-s` one draft, verifier or orchestrator process gets SIGKILL
    (the tiers take turns, in a random order; the replica is random), never the
    last serving one of its tier: that would be an outage, not a failure to ride
-   out. The launcher brings it back.
+   out. The launcher brings it back. `--chaos-kills N` stops killing after N
+   (the load runs on; three kills reach every tier).
 5. Settle: chaos stops, every process serves again, the replicas drop their
    sessions, `--settle-s` pass, and RSS is read again: *after*.
 
@@ -104,6 +105,8 @@ def add_arguments(p) -> None:
     p.add_argument("--chaos", action="store_true", help="SIGKILL a draft, verifier or orchestrator process "
                                                         "every --chaos-every-s (a stack started here only)")
     p.add_argument("--chaos-every-s", type=float, default=5.0)
+    p.add_argument("--chaos-kills", type=int, default=0,
+                   help="stop killing after this many kills; the load runs on (default 0: kill until it ends)")
     p.add_argument("--settle-s", type=float, default=5.0, help="idle time before resident memory is read")
     p.add_argument("--stream-timeout-s", type=float, default=600.0, help="deadline of one stream")
     p.add_argument("--reference", type=Path, default=None,
@@ -205,7 +208,7 @@ class Stack:
             return
         from specmesh.drafts import draft_for, eagle_for
         from specmesh_cli.launcher import Cluster
-        from specmesh_cli.redis_server import free_port
+        from specmesh_cli.ports import free_port
 
         self.cluster = Cluster(model=self.args.model, draft_model=draft_for(self.args.model, self.args.draft_model),
                           eagle_model=eagle_for(self.args.model, self.args.eagle_model),
@@ -309,6 +312,8 @@ class Stack:
             log.info("chaos: %s restarted by the launcher", name)
         if time.monotonic() < self._next_kill:
             return
+        if self.args.chaos_kills and len(self.kills) >= self.args.chaos_kills:
+            return
         self._next_kill = time.monotonic() + self.args.chaos_every_s
         if not self._turns:
             self._turns = list(TIERS)
@@ -402,6 +407,8 @@ def run(args) -> int:
     rng = random.Random(args.seed)
     if args.chaos and args.addr:
         raise SystemExit("--chaos kills processes of a stack started here; leave out --addr")
+    if args.chaos_kills < 0:
+        raise SystemExit(f"--chaos-kills {args.chaos_kills}: expected 0 (no limit) or more")
     prompts = load_prompts(args.prompts, args.max_prompt_chars, rng)
     distinct, load = plan(prompts, min(args.unique, args.streams), args.streams, rng)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -489,7 +496,8 @@ def print_report(report: dict) -> bool:
     """The table; returns whether the run failed (an output differs or is unchecked, or a non-UNAVAILABLE error)."""
     c, load, out = report["config"], report["load"], report["outputs"]
     kills = Counter(k["process"].partition("-")[0] for k in report["kills"])
-    chaos = (f"every {c['chaos_every_s']:g} s, {len(report['kills'])} kills "
+    most = f", at most {c['chaos_kills']}" if c.get("chaos_kills") else ""
+    chaos = (f"every {c['chaos_every_s']:g} s{most}, {len(report['kills'])} kills "
              f"({', '.join(f'{n} {t}' for t, n in sorted(kills.items())) or 'none'})" if c["chaos"] else "off")
     print(f"\nsoak: {load['streams']} streams over {len(report['twins'])} twinned requests, concurrency "
           f"{c['concurrency']}; chaos: {chaos}")

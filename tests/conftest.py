@@ -14,18 +14,33 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specmesh.client import Client
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from specmesh_cli.ports import PORT_RANGE_ENV, free_port
+from specmesh_cli.redis_server import EmbeddedRedis
 from tests.tiny_models import build_tiny_model
 
-# Under pytest-xdist (`-n auto --dist loadfile --no-loadscope-reorder`, opt-in: pyproject.toml), a worker
+# Under pytest-xdist (`-n auto --dist loadfile --no-loadscope-reorder`, pyproject.toml's addopts), a worker
 # per core, whole modules to a worker. There the long modules (module-level `pytestmark = pytest.mark.slow`)
-# are handed out first, so no worker starts one when the others are nearly done. In one process the order
-# stays the files' own.
+# are handed out first, so no worker starts one when the others are nearly done. In one process (`-n 0`) the
+# order stays the files' own.
 MAX_WORKERS = 4   # each worker starts its own clusters; more than this mostly adds their start-ups
+FIRST_TEST_PORT, FIRST_EPHEMERAL_PORT = 20000, 32768   # Linux's default ip_local_port_range starts at 32768
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+def pytest_configure(config) -> None:
+    """Each process of the run draws service ports from a range of its own (specmesh_cli.ports), below
+    the kernel's ephemeral ports. A port found free is bound only seconds later, by a service still
+    importing; two xdist workers drawing from one pool could be handed the same port in that window."""
+    if os.environ.get(PORT_RANGE_ENV):
+        return   # the caller's choice
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    span = (FIRST_EPHEMERAL_PORT - FIRST_TEST_PORT) // workers
+    low = FIRST_TEST_PORT + index * span
+    os.environ[PORT_RANGE_ENV] = f"{low}-{low + span - 1}"
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -13,7 +13,7 @@ import pytest
 from specmesh.client import Client, build_request
 from specmesh.v1 import cache_pb2, draft_pb2_grpc, verifier_pb2_grpc
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tools.otlp_collector import Collector
 from tests.conftest import SERVING, health_status, status_of
 

@@ -73,7 +73,7 @@ def test_batch_sizes_are_exported(tiny_models, redis_url, tmp_path):
     import urllib.request
 
     from specmesh_cli.launcher import Cluster
-    from specmesh_cli.redis_server import free_port
+    from specmesh_cli.ports import free_port
 
     prompts = ["hello world", "the cat sat", "abc abc", "one two three", "x y z", "tea for two"]
     with Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 
 
 def test_specmesh_demo_streams_its_first_answer_through_every_service_and_exits(tiny_models, redis_url):

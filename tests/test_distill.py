@@ -20,7 +20,7 @@ from specmesh.client import Client
 from specmesh.distilled import VOCAB_MAP_FILE, is_distilled_draft, load_draft
 from specmesh_cli.launcher import Cluster
 from specmesh.models import ModelLoadError, VocabularyMismatch, load_model, load_tokenizer
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from specmesh.sampling import SamplingParams
 from specmesh.spec_bench import QUESTIONS as BENCH
 

@@ -14,7 +14,7 @@ from specmesh.drafts import SHIPPED, default_draft, default_eagle, draft_for, ea
 from specmesh.distilled import load_draft
 from specmesh_cli.launcher import Cluster
 from specmesh.models import load_tokenizer
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tests.test_greedy_equality import REAL_PROMPTS
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)

@@ -29,7 +29,7 @@ from specmesh.proposal import DraftProposal
 from specmesh.sampling import SamplingParams
 from specmesh.v1 import cache_pb2, draft_pb2, draft_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tests.conftest import stream_through_a_kill
 from tests.test_failover import _handles
 from verifier_service.engine import TargetEngine, VerifyCall

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.sessions import SessionStore
 from specmesh.client import Client, build_request
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
 

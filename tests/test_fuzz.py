@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tools import fuzz
 
 EXAMPLES = 40

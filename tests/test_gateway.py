@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.fuzz import malformed_requests
 from specmesh.client import Client
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tests.conftest import SERVING, health_status
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)

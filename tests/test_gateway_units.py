@@ -14,7 +14,7 @@ from gateway.app import create_app
 from gateway.errors import APIError
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from specmesh.config import GatewayConfig
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 SERVED = translate.Served(model="tiny", target_model="/models/tiny", drafters={"ngram": "", "model": "draft"},

@@ -10,7 +10,7 @@ import pytest
 
 from specmesh.client import Client, build_request
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tests.conftest import SERVING, health_status
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)

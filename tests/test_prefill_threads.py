@@ -124,7 +124,7 @@ def test_each_tier_runs_on_the_threads_given_for_it_whatever_the_environment_say
     import re
 
     from specmesh_cli.launcher import Cluster
-    from specmesh_cli.redis_server import free_port
+    from specmesh_cli.ports import free_port
 
     monkeypatch.setenv("SPECMESH_TORCH_THREADS", "3")
     with Cluster(model=str(tiny_models["target"]), draft_model=str(tiny_models["draft"]), port=free_port(),

@@ -11,7 +11,8 @@ import pytest
 
 from specmesh.client import Client
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from specmesh_cli.ports import free_port
+from specmesh_cli.redis_server import EmbeddedRedis
 from tests.conftest import SERVING, health_status
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)

@@ -5,7 +5,7 @@ import pytest
 
 from specmesh.client import Client
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
 

@@ -11,7 +11,7 @@ import pytest
 from specmesh.client import Client, build_request
 from specmesh.v1 import orchestrator_pb2
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tests.conftest import stream_through_a_kill
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)

@@ -3,6 +3,8 @@ decode get INVALID_ARGUMENT on every kind of method, oversized ones RESOURCE_EXH
 and a status never carries more than a short message."""
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -84,3 +86,38 @@ async def test_status_details_stay_short_and_bugs_stay_internal(server):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and len(details) <= MAX_DETAILS_CHARS + 3
     code, details = await _code(call, cache_pb2.ReleaseRequest(session_id="bug").SerializeToString())
     assert code == grpc.StatusCode.INTERNAL and "KeyError" in details
+
+
+async def test_a_port_in_use_stops_start_up_instead_of_being_shared():
+    """gRPC's servers set SO_REUSEPORT; ours turn it off. With it on, a second server on a bound port starts
+    and takes part of the first one's connections (a launcher's health check could reach the wrong
+    service and wait forever)."""
+    first = ServiceRuntime(["specmesh.v1.Draft"], 0, host="127.0.0.1")
+    port = await first.start(lambda s: draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), s))
+    try:
+        second = ServiceRuntime(["specmesh.v1.Draft"], port, host="127.0.0.1")
+        with pytest.raises(RuntimeError, match=f"could not bind 127.0.0.1:{port}"):
+            await second.start(lambda s: draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), s))
+    finally:
+        await first.server.stop(None)
+
+
+async def test_waiting_for_a_replica_leaves_no_stream_open_on_it():
+    """The orchestrator waits for each replica with a health Watch. Once SERVING it must end that stream:
+    a replica stopping gracefully (a rolling update, `specmesh up` restarting one) waits for its open
+    calls, and an abandoned Watch held every such stop for its whole grace period."""
+    from types import SimpleNamespace
+
+    from orchestrator.server import when_serving
+
+    runtime = ServiceRuntime(["specmesh.v1.Draft"], 0, host="127.0.0.1", grace_s=60)
+    port = await runtime.start(lambda s: draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), s))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        replica = SimpleNamespace(channel=channel, address=f"127.0.0.1:{port}")
+        waiting = asyncio.create_task(when_serving(replica, "specmesh.v1.Draft"))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()   # NOT_SERVING until set_serving
+        await runtime.set_serving(True)
+        await asyncio.wait_for(waiting, 10)
+        # With no call open, a graceful stop ends at once, not after the 60 s grace (given 20 here).
+        await asyncio.wait_for(runtime.server.stop(60), 20)

@@ -15,7 +15,7 @@ import pytest
 
 from specmesh.client import Client
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from tests.conftest import SERVING, health_status
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
@@ -59,7 +59,7 @@ def test_children_die_with_the_launcher_even_on_sigkill(tiny_models, tmp_path):
         import json, sys, time
         from pathlib import Path
         from specmesh_cli.launcher import Cluster
-        from specmesh_cli.redis_server import free_port
+        from specmesh_cli.ports import free_port
         cluster = Cluster(model={str(tiny_models["target"])!r}, port=free_port(), log_dir=Path({str(tmp_path)!r}),
                           startup_timeout_s=900).start()   # its own embedded redis-server too
         print(json.dumps([p.pid for p in cluster.processes.values()] + [cluster.redis.process.pid]), flush=True)

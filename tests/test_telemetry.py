@@ -24,7 +24,7 @@ from specmesh import telemetry
 from specmesh.engine_host import EngineHost
 from specmesh.client import Client, Completion, build_request
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 from specmesh.v1 import verifier_pb2, verifier_pb2_grpc
 from tools.otlp_collector import Collector
 

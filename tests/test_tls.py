@@ -25,7 +25,8 @@ from specmesh.server import ServiceRuntime
 from specmesh.tls import ChannelTLS, ServerTLS
 from specmesh.v1 import cache_pb2, draft_pb2_grpc, verifier_pb2_grpc
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from specmesh_cli.ports import free_port
+from specmesh_cli.redis_server import EmbeddedRedis
 from tests.conftest import status_of
 from tools.dev_pki import HOSTS, write_pki
 

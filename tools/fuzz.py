@@ -414,7 +414,7 @@ def improper(counts: collections.Counter) -> int:
 
 def _start_stack(model: str | None, log_dir: Path):
     from specmesh_cli.launcher import Cluster
-    from specmesh_cli.redis_server import free_port
+    from specmesh_cli.ports import free_port
 
     # Short default generations: a valid random request should cost a moment, not a paragraph.
     return Cluster(model=model, port=free_port(), log_dir=log_dir, draft_replicas=1, verifier_replicas=1,

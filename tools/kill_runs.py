@@ -29,7 +29,7 @@ import grpc
 from specmesh.client import Client, build_request
 from specmesh.v1 import cache_pb2, draft_pb2_grpc, verifier_pb2_grpc
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import free_port
+from specmesh_cli.ports import free_port
 
 PROMPTS = ["Explain how a hash map handles collisions.", "Write a short story about a lighthouse keeper.",
            "List five tips for learning a new language.", "Describe the water cycle to a child."]

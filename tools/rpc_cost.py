@@ -99,7 +99,7 @@ def main() -> None:
     if args.serve:
         asyncio.run(_serve(args.serve, args.inline))
         return
-    from specmesh_cli.redis_server import free_port
+    from specmesh_cli.ports import free_port
 
     propose = {}
     for inline in (False, True):

@@ -21,7 +21,8 @@ from pathlib import Path
 from specmesh.drafts import draft_for
 from specmesh.tls import ChannelTLS
 from specmesh_cli.launcher import Cluster
-from specmesh_cli.redis_server import EmbeddedRedis, free_port
+from specmesh_cli.ports import free_port
+from specmesh_cli.redis_server import EmbeddedRedis
 from tools.dev_pki import write_pki
 
 TOKEN, INTERNAL = "load-test-token-5d1e", "internal-token-8c2f"
