@@ -306,7 +306,10 @@ class Cluster:
                 self.start_tier(f"verifier-{i}")
             for i in range(len(self.draft_ports)):
                 self.start_tier(f"draft-{i}")
-            self.wait()
+            # The orchestrators start beside the model tiers, as pods of a release do: each waits for its
+            # replicas to serve (orchestrator.server.when_serving), so its imports and tokenizer load
+            # overlap the models' loading instead of following it. A tier that fails is still reported
+            # first: wait() checks the processes in the order they started.
             self._more_orchestrator_ports = [free_port() for _ in range(self.orchestrator_replicas - 1)]
             self.start_tier("orchestrator")
             for i in range(1, self.orchestrator_replicas):
