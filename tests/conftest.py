@@ -36,6 +36,8 @@ def pytest_configure(config) -> None:
     importing; two xdist workers drawing from one pool could be handed the same port in that window."""
     if os.environ.get(PORT_RANGE_ENV):
         return   # the caller's choice
+    if "PYTEST_XDIST_WORKER" not in os.environ and getattr(config.option, "numprocesses", None):
+        return   # xdist's controller starts no service, and its workers would inherit its range
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
     span = (FIRST_EPHEMERAL_PORT - FIRST_TEST_PORT) // workers

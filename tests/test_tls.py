@@ -16,7 +16,7 @@ import grpc
 import httpx
 import pytest
 import trustme
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from orchestrator.replicas import ReplicaPool
 from specmesh import tls
