@@ -163,6 +163,11 @@ class StatusInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
 
+# SO_REUSEPORT off (gRPC turns it on): with it, a second server on a port already bound shares it and takes
+# part of its connections (health checks included) instead of failing to start.
+NO_PORT_SHARING = ("grpc.so_reuseport", 0)
+
+
 class ServiceRuntime:
     """One gRPC server with health and reflection for the named services."""
 
@@ -177,10 +182,8 @@ class ServiceRuntime:
         # Tracing's interceptor (none when tracing is off) goes first: its span covers the status mapping.
         self.interceptors = [*telemetry.server_interceptors(), *interceptors,
                              StatusInterceptor()]
-        # SO_REUSEPORT off (gRPC turns it on): with it, a second server on a port already bound shares it and
-        # takes part of its connections (health checks included) instead of failing to start.
         self.server = grpc.aio.server(interceptors=self.interceptors,
-                                      options=[*message_size_options(max_message_bytes), ("grpc.so_reuseport", 0)])
+                                      options=[*message_size_options(max_message_bytes), NO_PORT_SHARING])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._stopping = asyncio.Event()

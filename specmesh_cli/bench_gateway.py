@@ -145,6 +145,7 @@ def measure_gateway_latency(pairs: int) -> dict:
     import httpx
 
     from specmesh_cli.launcher import wait_http_ok
+    from specmesh.server import NO_PORT_SHARING
     from specmesh_cli.ports import free_port
     from specmesh.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -160,7 +161,7 @@ def measure_gateway_latency(pairs: int) -> dict:
     port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
 
     async def serve():
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])   # a port in use fails here, not shared
+        server = grpc.aio.server(options=[NO_PORT_SHARING])   # a port in use fails here, not shared
         orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(Instant(), server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -352,7 +353,7 @@ def report(r: dict) -> str:
         f">= {GOALS['throughput_ratio']}x)",
         f"  TTFT p50, those requests   gRPC {r['grpc_ttft_p50_ms']:.1f} ms   HTTP {r['http_ttft_p50_ms']:.1f} ms   "
         f"paired difference p50 {r['long_added_ttft_p50_ms']:.2f} ms",
-        *([f"  CPU per committed token: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in r["cpu_ms_per_token"].items())
+        *(["  CPU per committed token: " + ", ".join(f"{name} {ms:.2f} ms" for name, ms in r["cpu_ms_per_token"].items())
            + " (gateway: HTTP-path tokens; orchestrator: both paths)"] if r.get("cpu_ms_per_token") else []),
         f"  greedy text identical on both paths: {r['requests_per_path'] - r['text_mismatches']}"
         f"/{r['requests_per_path']}",

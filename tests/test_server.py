@@ -26,10 +26,14 @@ class Servicer(draft_pb2_grpc.DraftServicer):
         return cache_pb2.ReleaseResponse(released=request.session_id == "known")
 
 
+def register(server: grpc.aio.Server) -> None:
+    draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), server)
+
+
 @pytest.fixture
 async def server():
     runtime = ServiceRuntime(["specmesh.v1.Draft"], 0, host="127.0.0.1", max_message_bytes=64 * 1024)
-    port = await runtime.start(lambda s: draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), s))
+    port = await runtime.start(register)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         yield channel
     await runtime.server.stop(None)
@@ -93,11 +97,11 @@ async def test_a_port_in_use_stops_start_up_instead_of_being_shared():
     and takes part of the first one's connections (a launcher's health check could reach the wrong
     service and wait forever)."""
     first = ServiceRuntime(["specmesh.v1.Draft"], 0, host="127.0.0.1")
-    port = await first.start(lambda s: draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), s))
+    port = await first.start(register)
     try:
         second = ServiceRuntime(["specmesh.v1.Draft"], port, host="127.0.0.1")
         with pytest.raises(RuntimeError, match=f"could not bind 127.0.0.1:{port}"):
-            await second.start(lambda s: draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), s))
+            await second.start(register)
     finally:
         await first.server.stop(None)
 
@@ -111,7 +115,7 @@ async def test_waiting_for_a_replica_leaves_no_stream_open_on_it():
     from orchestrator.server import when_serving
 
     runtime = ServiceRuntime(["specmesh.v1.Draft"], 0, host="127.0.0.1", grace_s=60)
-    port = await runtime.start(lambda s: draft_pb2_grpc.add_DraftServicer_to_server(Servicer(), s))
+    port = await runtime.start(register)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         replica = SimpleNamespace(channel=channel, address=f"127.0.0.1:{port}")
         waiting = asyncio.create_task(when_serving(replica, "specmesh.v1.Draft"))
