@@ -36,6 +36,7 @@ from specmesh.sampling import SamplingParams, process_logits
 from specmesh.engine_host import EngineHost
 from tests.tiny_models import build_tiny_model
 from tests.test_distribution import _chi2_pvalue
+from verifier_service.batching import VerifyBatcher
 from verifier_service.engine import TargetEngine
 from verifier_service.servicer import VerifierServicer
 
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest
 DRAWS = 2500
 ALPHA = 1e-3
 K = 3
+CONCURRENT = 8    # sessions in flight at once, as under load: the verifier batches their steps
 
 
 class InProcessStub:
@@ -90,22 +92,27 @@ def exact_two_token_distribution(target, prompt: list[int], params: SamplingPara
 
 async def sample_sessions(target, draft_path, redis_url, prompt, params, draws) -> dict[tuple, int]:
     draft_host, verifier_host = EngineHost("draft"), EngineHost("target")
-    draft_config = DraftConfig(draft_model=str(draft_path), max_sessions=8)
+    draft_config = DraftConfig(draft_model=str(draft_path), max_sessions=4 * CONCURRENT)
     draft_host.engine = DraftEngine.from_config(draft_config)
-    verifier_host.engine = TargetEngine(target, VerifierConfig(max_sessions=8))
+    verifier_host.engine = TargetEngine(target, VerifierConfig(max_sessions=4 * CONCURRENT))
     drafts = ReplicaPool("draft", [Replica("in-process-draft", None, InProcessStub(DraftServicer(draft_host)))])
-    verifiers = ReplicaPool("verifier", [Replica("in-process-verifier", None,
-                                                 InProcessStub(VerifierServicer(verifier_host)))])
+    verifier = VerifierServicer(verifier_host, VerifyBatcher(verifier_host, max_batch=CONCURRENT))
+    verifiers = ReplicaPool("verifier", [Replica("in-process-verifier", None, InProcessStub(verifier))])
     sessions = SessionStore.from_url(redis_url, ttl_s=60)
     decoder = Decoder(sessions, drafts, verifiers, target.tokenizer, set(target.info.eos_token_ids),
                       draft_top_n=4, rpc_timeout_s=30)
-    counts: dict[tuple, int] = {}
-    try:
-        for seed in range(draws):
+    gate = asyncio.Semaphore(CONCURRENT)
+
+    async def session(seed: int) -> tuple:
+        async with gate:
             request = GenerationRequest(session_id=uuid.uuid4().hex, prompt_ids=prompt, max_new_tokens=2,
                                         params=params, seed=seed, stop=(), k=K, drafter="model")
-            tokens = [t async for chunk in decoder.run(request) for t in chunk.token_ids]
-            counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+            return tuple([t async for chunk in decoder.run(request) for t in chunk.token_ids])
+
+    counts: dict[tuple, int] = {}
+    try:
+        for tokens in await asyncio.gather(*(session(seed) for seed in range(draws))):
+            counts[tokens] = counts.get(tokens, 0) + 1
     finally:
         await sessions.client.aclose()
     return counts
