@@ -67,12 +67,16 @@ def bf16_available() -> bool:
         return False
 
 
-def onednn_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def onednn_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  min_rows: int = 2) -> torch.Tensor:
     """x [M, K] @ weight^T (+ bias) through oneDNN (weight: [N, K], plain or packed by
-    `_reorder_linear_weight`). A lone row is doubled: oneDNN gives every row the same bits for any
-    M >= 2, and M = 1 takes another kernel (specmesh/invariant.py)."""
-    if x.shape[0] == 1:
-        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), weight, bias, "none", [], "")[:1]
+    `_reorder_linear_weight`). Fewer than `min_rows` rows are padded with copies of the last one:
+    oneDNN gives every row the same bits for any M >= 2, and M = 1 takes another kernel
+    (specmesh/invariant.py), so the pad changes no bits, only which kernel runs (choose_min_rows)."""
+    m = x.shape[0]
+    if m < max(min_rows, 2):
+        rows = torch.cat([x, x[-1:].expand(max(min_rows, 2) - m, -1)])
+        return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")[:m]
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
@@ -93,6 +97,7 @@ class PackedLinear(nn.Module):
             self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
                                  persistent=False)
         self.packed_bias: torch.Tensor | None = None      # bf16: the bias in the weight's dtype
+        self.min_rows = 2                                  # see choose_min_rows
 
     def use_bf16(self) -> None:
         """Pack the weight (and bias) in bfloat16: half the bytes per forward; inputs are rounded to bf16."""
@@ -104,13 +109,15 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # [..., in] -> [..., out]
         if x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        if self.bf16:
-            rows = onednn_matmul(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, self.packed_bias)
-            return rows.float().view(*x.shape[:-1], self.out_features)
-        if x.numel() == self.in_features and not self.invariant:
+        if x.numel() == self.in_features and not self.invariant and not self.bf16:
             return F.linear(x, self.weight, self.bias)        # one row: MKL's matrix-vector path is fastest
-        rows = onednn_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
-        return rows.view(*x.shape[:-1], self.out_features)
+        return self.product(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, in] fp32 -> [M, out] fp32 through the packed weight."""
+        if self.bf16:
+            return onednn_matmul(rows.to(torch.bfloat16), self.packed, self.packed_bias, self.min_rows).float()
+        return onednn_matmul(rows, self.packed, self.bias, self.min_rows)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -138,12 +145,16 @@ class _SiblingProduct:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
             biases = [layer.bias for layer in layers]
             self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        self.min_rows = 2                                  # see choose_min_rows
         self.last = threading.local()
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        return onednn_matmul(rows, self.packed, self.bias, self.min_rows)
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
         last = self.last
         if getattr(last, "input", None) is not x:
-            rows = onednn_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)   # [M, sum(sizes)]
+            rows = self.product(x.reshape(-1, self.in_features))    # [M, sum(sizes)]
             last.input, last.parts, last.taken = x, rows.split(self.sizes, dim=-1), set()
         # Contiguous, as a separate product's output is: the kernels after it see the layout they always saw.
         out = last.parts[index].contiguous().view(*x.shape[:-1], self.sizes[index])
@@ -197,6 +208,62 @@ def unfuse_siblings(fused) -> None:
             setattr(parent, name, layer)
 
 
+def products(model: nn.Module) -> list:
+    """The model's packed products (PackedLinear layers, and fused groups once each), in forward order."""
+    found: dict[int, object] = {}
+    for module in model.modules():
+        product = module.group if isinstance(module, FusedPart) else module if isinstance(module, PackedLinear) \
+            else None
+        if product is not None:
+            found.setdefault(id(product), product)
+    return list(found.values())
+
+
+def set_min_rows(model: nn.Module, rows: int) -> None:
+    for product in products(model):
+        product.min_rows = rows
+
+
+MIN_ROWS_CANDIDATES = (2, 3, 4, 6, 8)
+
+
+@torch.inference_mode()
+def choose_min_rows(model: nn.Module, candidates: tuple[int, ...] = MIN_ROWS_CANDIDATES, rounds: int = 5) -> int:
+    """Set the fewest rows the model's oneDNN products run with to the fastest of `candidates`, measured
+    here; returns it.
+
+    Why: which kernel oneDNN takes for a thin product depends on the CPU, and pays most on the 1- and
+    2-token steps of target-only decoding and of a draft. On the AVX2 EPYCs this was built on, a lone
+    row doubled was the fastest; on an AVX-512 Zen 4 EPYC the 135M target's 1-token step took 41.6 ms
+    with its rows padded to 4 against 49.9 ms doubled (2 threads; 50.2 against 66.6 on 1), and a 2-token
+    step gained as much (docs/benchmarks.md, "Thin products padded"). Rows do not depend on M >= 2, so the
+    choice changes no bits, only time.
+
+    How: one row through every product of the model in forward order, as a 1-token step reads them (a
+    model larger than the caches reads its weights from memory, as it will when served), candidates
+    interleaved round by round, the lowest median kept.
+    """
+    found = products(model)
+    if not found:
+        return 2
+    inputs = [torch.randn(1, product.in_features) for product in found]
+    times: dict[int, list[float]] = {rows: [] for rows in candidates}
+    for round_ in range(rounds + 1):
+        for rows in candidates:
+            set_min_rows(model, rows)
+            began = time.perf_counter()
+            for product, x in zip(found, inputs):
+                product.product(x)
+            if round_:                                  # round 0 warms every kernel up
+                times[rows].append(time.perf_counter() - began)
+    medians = {rows: sorted(t)[len(t) // 2] for rows, t in times.items()}
+    best = min(candidates, key=lambda rows: medians[rows])
+    set_min_rows(model, best)
+    log.info("thin oneDNN products padded to %d rows (one row through every product: %s)", best,
+             ", ".join(f"{rows} rows {medians[rows] * 1e3:.2f} ms" for rows in candidates))
+    return best
+
+
 def pack_linears(model: nn.Module, invariant: bool = False) -> int:
     """Replace every nn.Linear of a CPU fp32 model by a PackedLinear, in place.
 
@@ -237,7 +304,7 @@ def packed_while(model: nn.Module):
             setattr(parent, name, linear)
 
 
-def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False) -> None:
+def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False, min_rows: int = 0) -> None:
     """Set up a loaded model's linear layers as `kernels` names (one call, at model load).
 
     "packed": PackedLinear where it applies (CPU, fp32; a no-op elsewhere), same outputs.
@@ -248,6 +315,8 @@ def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False)
     position's logits are the same bits however it is batched or chunked (specmesh/invariant.py), and a
     causal LM's forward runs without transformers' per-layer plumbing where a probe shows the same bits
     (specmesh/lean_decoder.py).
+    `min_rows` (packed or bf16): the fewest rows a product runs with, fewer padded (same bits);
+    0: measured here for batch-invariant models (choose_min_rows), 2 otherwise.
     """
     from specmesh.config import LINEAR_KERNELS
 
@@ -269,6 +338,10 @@ def apply_kernels(model: nn.Module, kernels: str, batch_invariant: bool = False)
             from specmesh.lean_decoder import use_lean_forward
 
             use_lean_forward(model)
+        if min_rows:
+            set_min_rows(model, min_rows)
+        elif packed:
+            choose_min_rows(model)
         return
     if kernels == "int8-dynamic":
         from specmesh.quantize import quantize_linears

@@ -349,3 +349,60 @@ def test_bf16_draft_kernels_stay_batch_invariant_and_close_to_fp32(monkeypatch):
     reference = _prefill(fp32)
     assert (one - reference).abs().max() < 0.05 * reference.abs().max()
     assert torch.equal(one.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("rows", [3, 4, 8])
+def test_thin_products_padded_to_more_rows_give_the_same_bits(models, monkeypatch, rows):
+    """fast_linear.set_min_rows pads 1- and 2-row products with copies of the last row (a CPU may run
+    the padded product faster): every path's logits keep the bits of the doubled lone row."""
+    from specmesh.fast_linear import products, set_min_rows
+
+    _, model = models
+    assert products(model) and all(p.min_rows == 2 for p in products(model))
+    expected = [compute(model) for compute in (_prefill, _steps, _batched, _tree_steps)]
+    set_min_rows(model, rows)
+    try:
+        assert all(p.min_rows == rows for p in products(model))
+        got = [compute(model) for compute in (_prefill, _steps, _batched, _tree_steps)]
+    finally:
+        set_min_rows(model, 2)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_the_fastest_padding_measured_is_the_one_kept(monkeypatch, caplog):
+    """choose_min_rows keeps the candidate whose products ran fastest: here a clock on which each
+    candidate costs what the table says (6 rows the cheapest)."""
+    from specmesh import fast_linear
+
+    model = _llama(kv_heads=2)
+    assert make_batch_invariant(model)
+    found = fast_linear.products(model)
+    cost = {2: 3.0, 3: 2.0, 4: 1.0, 6: 0.5, 8: 4.0}
+    now = [0.0]
+
+    def clock() -> float:          # each reading advances by what the rows set now cost
+        now[0] += cost[found[0].min_rows]
+        return now[0]
+
+    monkeypatch.setattr(fast_linear.time, "perf_counter", clock)
+    with caplog.at_level("INFO", logger="specmesh.fast_linear"):
+        assert fast_linear.choose_min_rows(model) == 6
+    assert all(p.min_rows == 6 for p in found)
+    assert "padded to 6 rows" in caplog.text
+
+
+def test_apply_kernels_measures_the_padding_unless_it_is_given(monkeypatch):
+    from specmesh import fast_linear
+    from specmesh.config import DraftConfig, VerifierConfig
+
+    chosen = []
+    monkeypatch.setattr(fast_linear, "choose_min_rows", lambda model: chosen.append(model) or 2)
+    measured, given = _llama(kv_heads=2), _llama(kv_heads=2)
+    apply_kernels(measured, "packed", batch_invariant=True)
+    apply_kernels(given, "packed", batch_invariant=True, min_rows=5)
+    assert chosen == [measured]
+    assert {p.min_rows for p in fast_linear.products(given)} == {5}
+    for config in (DraftConfig, VerifierConfig):
+        assert config().min_product_rows == 0
+        with pytest.raises(ValueError, match="min_product_rows"):
+            config(min_product_rows=-1)

@@ -42,21 +42,33 @@ def main() -> None:
                              "batch-invariant-transformers (the same on transformers' forward, as before the lean "
                              "decoder), batch-invariant-unfused (a product per linear layer and transformers' "
                              "forward, as before sibling projections were fused), batch-invariant-unpadded")
+    parser.add_argument("--min-rows", default="",
+                        help="comma-separated; each batch-invariant variant also runs with its thin products padded "
+                             "to this many rows (`NAME@N`; specmesh.fast_linear.set_min_rows); the variant itself "
+                             "pads as served (fast_linear.choose_min_rows)")
     parser.add_argument("--grow", type=int, default=0, help="tokens the context grows each round (0: fixed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
 
+    names = args.variants.split(",")
+    min_rows = {name: 0 for name in names}           # 0: as served
+    for n in filter(None, args.min_rows.split(",")):
+        min_rows.update({f"{name}@{n}": int(n) for name in names if name.startswith("batch-invariant")})
     variants = {}
-    for name in args.variants.split(","):
+    for name in min_rows:
         model = load_model(args.model).model
         started = time.monotonic()
         if name.startswith("packed"):
             fast_linear.pack_linears(model)
         if name.startswith("batch-invariant"):
-            invariant.make_batch_invariant(model, fuse=name != "batch-invariant-unfused")
-            if name == "batch-invariant":
+            invariant.make_batch_invariant(model, fuse=not name.startswith("batch-invariant-unfused"))
+            if name.split("@")[0] == "batch-invariant":
                 lean_decoder.use_lean_forward(model)
+            if min_rows[name]:
+                fast_linear.set_min_rows(model, min_rows[name])
+            else:
+                print(f"{name}: padded to {fast_linear.choose_min_rows(model)} rows")
         if name == "packed-all":   # oneDNN for single rows too, to show why M = 1 keeps F.linear
             for module in model.modules():
                 if isinstance(module, fast_linear.PackedLinear):
@@ -71,7 +83,7 @@ def main() -> None:
     sessions, committed = {}, {}
     for name, model in variants.items():
         s = KVSession(name, model)
-        if name.endswith("-unpadded"):
+        if name.split("@")[0].endswith("-unpadded"):
             s.cache = DynamicCache(config=model.config)
         s.sync(0, context[:args.context])
         s.forward()

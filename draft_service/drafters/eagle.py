@@ -124,7 +124,7 @@ class EagleDrafter(Drafter):
             return None
         drafter = _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch,
                         config.tree_depth, config.tree_min_confidence)
-        apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
+        apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant, config.min_product_rows)
         if drafter.model.lean is None:   # after the kernels: it runs the layers as they will be served
             drafter.model.lean = lean_decoder(drafter.model.lm.model)
         return drafter

@@ -44,7 +44,7 @@ class ModelDrafter(Drafter):
         if not config.draft_model or config.draft_model.strip().lower() == "none":
             return None
         drafter = _load(config.draft_model, config.device, config.draft_head_tokens)
-        apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant)
+        apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant, config.min_product_rows)
         return drafter
 
     def new_state(self, session_id: str) -> KVSession:
