@@ -22,7 +22,7 @@ async def serve(config: DraftConfig) -> None:
     telemetry.observe_engine("draft", host)
     servicer = DraftServicer(host)
     await runtime.start(lambda server: draft_pb2_grpc.add_DraftServicer_to_server(servicer, server))
-    host.engine = await asyncio.to_thread(DraftEngine.from_config, config)
+    host.engine = await host.load(DraftEngine.from_config, config)
     await runtime.set_serving(True)
     log.info("draft SERVING on port %d (drafters: %s)", runtime.port, ", ".join(sorted(host.engine.drafters)))
     trimming = asyncio.ensure_future(host.give_back_memory_when_idle())   # resident memory back after load

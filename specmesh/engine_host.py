@@ -79,6 +79,18 @@ class EngineHost:
             raise Unavailable(f"the {self.what} is still loading")
         return self.engine
 
+    async def load(self, fn: Callable[..., R], *args, **kwargs) -> R:
+        """fn(*args, **kwargs) on the model thread, before an engine is attached: load the model and set
+        up its kernels (their probe forwards included) on the thread every later forward runs on.
+
+        Why: each thread that runs a parallel torch op keeps an OpenMP team of its own (GNU OpenMP,
+        torch's CPU builds), and once a process holds more team threads than it has cores, every team
+        sleeps between parallel regions instead of spinning, and wakes for each of the hundreds in a
+        forward pass. Loaded on asyncio's default threads, the 135M target's 1-token step took 53-58 ms
+        on its 2 threads instead of 40-42 (an AMD EPYC of 2 cores; docs/benchmarks.md, "One thread
+        for the model's work")."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
     async def run(self, fn: Callable[..., R], *args) -> R:
         """fn(*args) on the model thread, under the caller's span."""
         abandoned = threading.Event()

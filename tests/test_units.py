@@ -156,3 +156,27 @@ def test_work_whose_caller_went_away_stops_at_its_next_check():
         return stopped.is_set()
 
     assert asyncio.run(main())
+
+
+def test_a_model_is_loaded_on_the_thread_that_runs_its_forwards():
+    """EngineHost.load runs on the model thread (a thread that ran torch's parallel ops keeps an OpenMP
+    team of its own, and more teams than cores make every team sleep between a forward's regions)."""
+    import asyncio
+    import threading
+
+    from specmesh.engine_host import EngineHost
+
+    class Engine:
+        def where(self):
+            return threading.get_ident()
+
+    async def main():
+        host = EngineHost("test engine")
+        loaded_on = await host.load(lambda model, *, kernels: (threading.get_ident(), model, kernels), "m",
+                                    kernels="packed")
+        host.engine = Engine()
+        return loaded_on, await host.run(host.engine.where)
+
+    (loaded_on, model, kernels), ran_on = asyncio.run(main())
+    assert (model, kernels) == ("m", "packed")
+    assert loaded_on == ran_on != threading.get_ident()

@@ -25,9 +25,9 @@ async def serve(config: VerifierConfig) -> None:
     telemetry.observe_engine("verifier", host)
     servicer = VerifierServicer(host, VerifyBatcher(host, config.max_batch, config.batch_window_ms / 1000))
     await runtime.start(lambda server: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, server))
-    loaded = await asyncio.to_thread(load_model, config.model, device=config.device, dtype=config.dtype)
-    await asyncio.to_thread(apply_kernels, loaded.model, config.linear_kernels, config.batch_invariant,
-                            config.min_product_rows)
+    loaded = await host.load(load_model, config.model, device=config.device, dtype=config.dtype)
+    await host.load(apply_kernels, loaded.model, config.linear_kernels, config.batch_invariant,
+                    config.min_product_rows)
     host.engine = TargetEngine(loaded, config)
     await runtime.set_serving(True)
     log.info("verifier SERVING %s on port %d", loaded.info.name, runtime.port)
