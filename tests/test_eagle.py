@@ -318,6 +318,7 @@ def test_engine_features_equal_the_targets_lone_chunked_and_batched(eagle, monke
     a = target.tokenizer.encode("a prompt of some length, read in chunks")
     b = target.tokenizer.encode("another one")
     n, rows = engine.prefill("a", a, features=True)
+    assert rows.dtype == torch.float16     # the wire's, converted on the model thread (EngineHost.load says why)
     torch.testing.assert_close(rows.float(), features_of(target, a), atol=2e-3, rtol=2e-3)
     engine.prefill("b", b)
     point = DraftProposal.point_mass
@@ -326,7 +327,7 @@ def test_engine_features_equal_the_targets_lone_chunked_and_batched(eagle, monke
     for (call, prompt), verified in zip(zip(calls, (a, b)), engine.verify_batch(calls)):   # one batched pass
         fed = prompt + list(call.tail) + [d.token_id for d in call.proposals]
         assert verified.features_start == len(prompt)
-        assert verified.features.shape[0] == len(fed) - len(prompt)
+        assert verified.features.shape[0] == len(fed) - len(prompt) and verified.features.dtype == torch.float16
         torch.testing.assert_close(verified.features.float(), features_of(target, fed)[len(prompt):],
                                    atol=2e-3, rtol=2e-3)
     plain = engine.verify_batch([VerifyCall("b", len(b) + 2, [3], [point(4)], SamplingParams(), 1)])[0]

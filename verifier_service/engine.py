@@ -50,7 +50,7 @@ class Verified:
     scores: Scores | TreeScores
     cached_len: int
     features_start: int = 0
-    features: torch.Tensor | None = None    # [fed, H] from position features_start on
+    features: torch.Tensor | None = None    # [fed, H] float16 (the wire's) from position features_start on
 
 
 # Uncached tokens in one Verify from which it is a cache rebuild (a step syncs a handful); the
@@ -87,7 +87,9 @@ class TargetEngine:
         rows, session.fed_features = session.fed_features, None
         self.sessions.put(session_id, session)
         self.sessions.trim(keep=session_id)
-        return len(session.tokens), (rows[1] if rows is not None else None)
+        # In the wire's float16 here, on the model thread: a conversion this big is a parallel op, and one
+        # on the servicer's thread gives the process a second OpenMP team (see EngineHost.load).
+        return len(session.tokens), (rows[1].to(torch.float16) if rows is not None else None)
 
     def verify_batch(self, calls: Sequence[VerifyCall]) -> list[Verified | Exception]:
         """Several sessions' Verify in one forward pass; each call's error stays its own.
@@ -124,7 +126,8 @@ class TargetEngine:
                                         greedy=call.params.greedy) if call.parents \
                         else score_draft(probs, tokens, [d.q_ids for d in call.proposals],
                                          [d.q_probs for d in call.proposals], call.seed, position)
-                    results[i] = Verified(scores, len(session.tokens), *(fed if fed is not None else (0, None)))
+                    results[i] = Verified(scores, len(session.tokens),
+                                          *((fed[0], fed[1].to(torch.float16)) if fed is not None else (0, None)))
                 except Exception as error:  # noqa: BLE001 - reported to that caller only
                     results[i] = error
         if later:
