@@ -27,8 +27,8 @@ def _check_kernels(config) -> None:
 
 
 MIN_PRODUCT_ROWS_HELP = (
-    "the fewest rows a oneDNN product runs with (packed or bf16 kernels): a 1- or 2-token step's products "
-    "are padded with copies of their last row, which changes no bits (rows do not depend on how many there "
+    "the fewest rows a oneDNN product runs with (packed or bf16 kernels): a thinner product (a 1- to few-token "
+    "step's) is padded with copies of its last row, which changes no bits (rows do not depend on how many there "
     "are) but picks oneDNN's kernel; which is fastest depends on the CPU (2 on AVX2 EPYCs; 4 on an AVX-512 "
     "Zen 4, where the 135M target's 1-token step took 0.83x the time); 0: measured at start-up and logged")
 
