@@ -122,12 +122,9 @@ class EagleDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "EagleDrafter | None":
         if not config.eagle_model or config.eagle_model.strip().lower() == "none":
             return None
-        drafter = _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch,
-                        config.tree_depth, config.tree_min_confidence)
-        apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant, config.min_product_rows)
-        if drafter.model.lean is None:   # after the kernels: it runs the layers as they will be served
-            drafter.model.lean = lean_decoder(drafter.model.lm.model)
-        return drafter
+        return _load(config.eagle_model, config.device, config.draft_head_tokens, config.tree_branch,
+                     config.tree_depth, config.tree_min_confidence, config.linear_kernels, config.batch_invariant,
+                     config.min_product_rows)
 
     def new_state(self, session_id: str) -> EagleState:
         return EagleState(session_id, self.draft)
@@ -177,7 +174,13 @@ class EagleDrafter(Drafter):
 
 @functools.lru_cache(maxsize=4)
 def _load(spec: str, device: str, head_tokens: int, tree_branch: int, tree_depth: int,
-          tree_min_confidence: float) -> EagleDrafter:
+          tree_min_confidence: float, kernels: str, batch_invariant: bool, min_rows: int) -> EagleDrafter:
+    """One drafter per configuration, shared by every drafter built on it (eagle, eagle-hybrid), its
+    kernels set up once (their probes and timing included)."""
     draft = load_eagle(resolve_draft(spec), device=device)
     cut_head(draft.model.lm, head_tokens)
-    return EagleDrafter(draft, tree_branch, tree_depth, tree_min_confidence)
+    drafter = EagleDrafter(draft, tree_branch, tree_depth, tree_min_confidence)
+    apply_kernels(drafter.model, kernels, batch_invariant, min_rows)
+    if drafter.model.lean is None:   # after the kernels: it runs the layers as they will be served
+        drafter.model.lean = lean_decoder(drafter.model.lm.model)
+    return drafter

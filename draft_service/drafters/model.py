@@ -43,9 +43,8 @@ class ModelDrafter(Drafter):
     def from_config(cls, config: DraftConfig) -> "ModelDrafter | None":
         if not config.draft_model or config.draft_model.strip().lower() == "none":
             return None
-        drafter = _load(config.draft_model, config.device, config.draft_head_tokens)
-        apply_kernels(drafter.model, config.linear_kernels, config.batch_invariant, config.min_product_rows)
-        return drafter
+        return _load(config.draft_model, config.device, config.draft_head_tokens, config.linear_kernels,
+                     config.batch_invariant, config.min_product_rows)
 
     def new_state(self, session_id: str) -> KVSession:
         return KVSession(session_id, self.model)
@@ -98,14 +97,19 @@ class DistilledDrafter(ModelDrafter):
 
 
 @functools.lru_cache(maxsize=4)
-def _load(spec: str, device: str, head_tokens: int = 0) -> ModelDrafter:
-    """One drafter per (model, device, head), shared by every drafter built on it (model, hybrid)."""
+def _load(spec: str, device: str, head_tokens: int, kernels: str, batch_invariant: bool,
+          min_rows: int) -> ModelDrafter:
+    """One drafter per (model, device, head, kernels), shared by every drafter built on it (model,
+    hybrid), its kernels set up once (their probes and timing included)."""
     spec = resolve_draft(spec)
     if is_distilled_draft(spec):
         draft = load_draft(spec, device=device)
         cut_head(draft.model, head_tokens)
-        return DistilledDrafter(draft)
-    return ModelDrafter(load_model(spec, device=device))
+        drafter = DistilledDrafter(draft)
+    else:
+        drafter = ModelDrafter(load_model(spec, device=device))
+    apply_kernels(drafter.model, kernels, batch_invariant, min_rows)
+    return drafter
 
 
 class _MappedSession(KVSession):
