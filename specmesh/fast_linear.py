@@ -73,9 +73,9 @@ def onednn_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     `_reorder_linear_weight`). Fewer than `min_rows` rows are padded with copies of the last one:
     oneDNN gives every row the same bits for any M >= 2, and M = 1 takes another kernel
     (specmesh/invariant.py), so the pad changes no bits, only which kernel runs (choose_min_rows)."""
-    m = x.shape[0]
-    if m < max(min_rows, 2):
-        rows = torch.cat([x, x[-1:].expand(max(min_rows, 2) - m, -1)])
+    m, least = x.shape[0], max(min_rows, 2)
+    if m < least:
+        rows = torch.cat([x, x[-1:].expand(least - m, -1)])
         return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")[:m]
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
@@ -250,7 +250,8 @@ def choose_min_rows(model: nn.Module, candidates: tuple[int, ...] = MIN_ROWS_CAN
     times: dict[int, list[float]] = {rows: [] for rows in candidates}
     for round_ in range(rounds + 1):
         for rows in candidates:
-            set_min_rows(model, rows)
+            for product in found:
+                product.min_rows = rows
             began = time.perf_counter()
             for product, x in zip(found, inputs):
                 product.product(x)
@@ -258,7 +259,8 @@ def choose_min_rows(model: nn.Module, candidates: tuple[int, ...] = MIN_ROWS_CAN
                 times[rows].append(time.perf_counter() - began)
     medians = {rows: sorted(t)[len(t) // 2] for rows, t in times.items()}
     best = min(candidates, key=lambda rows: medians[rows])
-    set_min_rows(model, best)
+    for product in found:
+        product.min_rows = best
     log.info("thin oneDNN products padded to %d rows (one row through every product: %s)", best,
              ", ".join(f"{rows} rows {medians[rows] * 1e3:.2f} ms" for rows in candidates))
     return best

@@ -353,7 +353,7 @@ def test_bf16_draft_kernels_stay_batch_invariant_and_close_to_fp32(monkeypatch):
 
 @pytest.mark.parametrize("rows", [3, 4, 8])
 def test_thin_products_padded_to_more_rows_give_the_same_bits(models, monkeypatch, rows):
-    """fast_linear.set_min_rows pads 1- and 2-row products with copies of the last row (a CPU may run
+    """fast_linear.set_min_rows pads thinner products with copies of their last row (a CPU may run
     the padded product faster): every path's logits keep the bits of the doubled lone row."""
     from specmesh.fast_linear import products, set_min_rows
 
