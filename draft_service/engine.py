@@ -51,7 +51,8 @@ class DraftEngine:
 
     def propose(self, session_id: str, start: int, tail: Sequence[int], k: int, drafter_name: str,
                 params: SamplingParams, seed: int, top_n: int,
-                prefix_fingerprint: int | None = None, features: bytes = b"") -> tuple[list[DraftProposal], int]:
+                prefix_fingerprint: int | None = None, features: bytes = b"",
+                tree_min_confidence: float | None = None) -> tuple[list[DraftProposal], int]:
         name = drafter_name or self.default_drafter
         drafter = self.drafters.get(name)
         if drafter is None:
@@ -62,6 +63,8 @@ class DraftEngine:
         top_n = top_n or self.default_top_n   # 0: the caller left it unset
         if not 1 <= top_n <= MAX_PROPOSAL_SUPPORT:
             raise InvalidArgument("top_n", f"must be in [1, {MAX_PROPOSAL_SUPPORT}], got {top_n}")
+        if tree_min_confidence is not None and not 0.0 <= tree_min_confidence < 1.0:
+            raise InvalidArgument("tree_min_confidence", f"must be in [0, 1), got {tree_min_confidence}")
         if drafter.vocab_size:   # 0: a vocabulary-agnostic drafter
             check_token_ids("sync.token_ids", tail, drafter.vocab_size)
         if drafter.max_context and start + len(tail) + k > drafter.max_context:
@@ -81,7 +84,8 @@ class DraftEngine:
         else:
             session.state.sync(start, tail, prefix_fingerprint, **extra)
         if k:
-            proposals = drafter.propose(session.state, k, params, seed, top_n)
+            cut = {"tree_min_confidence": tree_min_confidence} if drafter.grows_trees else {}
+            proposals = drafter.propose(session.state, k, params, seed, top_n, **cut)
         else:   # a sync and a read ahead of the next Propose
             drafter.read(session.state)
             proposals = []

@@ -19,7 +19,8 @@ class DraftServicer(draft_pb2_grpc.DraftServicer):
         proposals, cached_len = await self.host.run(
             engine.propose, request.session_id, request.sync.start, list(request.sync.token_ids), request.k,
             request.drafter, wire.sampling_from_pb(request.sampling), request.seed, request.top_n,
-            request.sync.prefix_fingerprint, request.features)
+            request.sync.prefix_fingerprint, request.features,
+            request.tree_min_confidence if request.HasField("tree_min_confidence") else None)
         return draft_pb2.ProposeResponse(proposals=[wire.proposal_to_pb(p) for p in proposals], cached_len=cached_len,
                                          parents=wire.parents(proposals))
 

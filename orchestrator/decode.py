@@ -9,6 +9,7 @@ the same services: the baseline every speedup is measured against.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from orchestrator.replicas import ReplicaPool
 from orchestrator.requests import GenerationRequest
 from orchestrator.sessions import Fenced, Handle, SessionLost, SessionStore
 from orchestrator.text import TextStream
+from orchestrator.tree_cut import tree_min_confidence
 from specmesh import auth, telemetry, wire
 from specmesh.errors import InvalidArgument, NotFound, PermissionDenied, ServiceError
 from specmesh.fingerprint import PrefixFingerprints
@@ -143,7 +145,8 @@ class Decoder:
 
     def __init__(self, sessions: SessionStore, drafts: ReplicaPool, verifiers: ReplicaPool, tokenizer,
                  eos_token_ids: set[int], draft_top_n: int, rpc_timeout_s: float,
-                 rpc_timeout_s_per_1k_tokens: float = 30.0, feature_drafters: dict[str, int] | None = None):
+                 rpc_timeout_s_per_1k_tokens: float = 30.0, feature_drafters: dict[str, int] | None = None,
+                 verify_cost: Sequence[float] = ()):
         self.sessions, self.drafts, self.verifiers = sessions, drafts, verifiers
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -152,10 +155,15 @@ class Decoder:
         self.rpc_timeout_s_per_1k_tokens = rpc_timeout_s_per_1k_tokens
         # Drafters that read the target's features (DrafterInfo.uses_target_features) -> feature_dim.
         self.feature_drafters = feature_drafters or {}
+        # The verifier pool's measured cost of a Verify of k draft tokens (orchestrator/tree_cut.py); empty:
+        # not measured (older replicas), and then no cut is sent.
+        self.verify_cost = list(verify_cost)
 
     async def run(self, req: GenerationRequest) -> AsyncIterator[Chunk]:
         """A new session: steps until EOS, a stop string, max_new_tokens or a cancel; one chunk per step."""
         owner = auth.caller_id()
+        if self.verify_cost:
+            req = dataclasses.replace(req, tree_min_confidence=tree_min_confidence(self.verify_cost, req.k))
         await self.sessions.create(req.session_id, req.prompt_ids, _params_record(req), req.seed, owner=owner)
         s = _Stream(req, wire.sampling_to_pb(req.params), list(req.prompt_ids), PrefixFingerprints(req.prompt_ids),
                     Handle(cache_id=req.session_id), Handle(cache_id=req.session_id), owner=owner,
@@ -432,12 +440,14 @@ class Decoder:
     async def _propose(self, s: _Stream, k: int) -> tuple[Sequence[draft_pb2.DraftProposal], int, list[int]]:
         """The draft's proposals, as messages (they go to the verifier as they are), its cached length, and
         the parents of a draft tree (empty for a chain)."""
+        cut = {} if s.req.tree_min_confidence is None else {"tree_min_confidence": s.req.tree_min_confidence}
+
         async def rpc(replica, start):
             s.touched.add(("draft", replica.address))
             return await replica.stub.Propose(draft_pb2.ProposeRequest(
                 session_id=s.req.session_id, sync=self._sync(s, start), k=k, drafter=s.req.drafter,
                 sampling=s.sampling, seed=s.req.seed, top_n=self.draft_top_n,
-                features=self._draft_features(s, start) if s.feature_dim else b""),
+                features=self._draft_features(s, start) if s.feature_dim else b"", **cut),
                 timeout=self._deadline(len(s.committed) - start))
 
         replica, reply = await self.drafts.call(s.draft, s.committed, rpc)
@@ -523,9 +533,11 @@ def _request_from_record(record) -> GenerationRequest:
     return GenerationRequest(
         session_id=record.session_id, prompt_ids=record.tokens[:record.prompt_len],
         max_new_tokens=p["max_new_tokens"], params=SamplingParams(p["temperature"], p["top_k"], p["top_p"]),
-        seed=record.seed, stop=tuple(p["stop"]), k=p["k"], drafter=p["drafter"])
+        seed=record.seed, stop=tuple(p["stop"]), k=p["k"], drafter=p["drafter"],
+        tree_min_confidence=p.get("tree_min_confidence"))   # absent from an older orchestrator's records
 
 
 def _params_record(req: GenerationRequest) -> dict:
     return {"temperature": req.params.temperature, "top_k": req.params.top_k, "top_p": req.params.top_p,
-            "k": req.k, "drafter": req.drafter, "max_new_tokens": req.max_new_tokens, "stop": list(req.stop)}
+            "k": req.k, "drafter": req.drafter, "max_new_tokens": req.max_new_tokens, "stop": list(req.stop),
+            "tree_min_confidence": req.tree_min_confidence}

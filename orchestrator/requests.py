@@ -28,6 +28,9 @@ class GenerationRequest:
     stop: tuple[str, ...]
     k: int
     drafter: str
+    # The draft tree's cut for this session (orchestrator/tree_cut.py): chosen by the orchestrator, never
+    # the caller, and kept in the session's record. None: none sent (the draft replica's own setting).
+    tree_min_confidence: float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from orchestrator.decode import Decoder
 from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.requests import Limits
 from orchestrator.servicer import SERVICE_NAME, OrchestratorServicer
+from orchestrator.tree_cut import pooled, tree_min_confidence
 from orchestrator.sessions import SessionStore
 from specmesh import auth, telemetry, tls
 from specmesh.config import OrchestratorConfig
@@ -116,8 +117,13 @@ async def connect(config: OrchestratorConfig, servicer: OrchestratorServicer, se
                   for d in draft_infos[0].drafters if d.name in drafters],
         default_drafter=default_drafter, default_k=config.default_k, max_k=servicer.limits.max_k)
     eos = set(info.eos_token_ids) | {t for v in verifier_infos for t in v.eos_token_ids}
+    verify_cost = pooled([list(v.verify_cost) for v in verifier_infos])
+    if verify_cost:
+        log.info("draft trees cut at %.3f for requests of the default k = %d (a Verify of k draft tokens costs %s "
+                 "of one of none, k = 0..%d)", tree_min_confidence(verify_cost, config.default_k), config.default_k,
+                 " ".join(f"{c:.2f}" for c in verify_cost), len(verify_cost) - 1)
     servicer.decoder = Decoder(sessions, drafts, verifiers, tokenizer, eos, config.draft_top_n, config.rpc_timeout_s,
-                               config.rpc_timeout_s_per_1k_tokens, feature_drafters(draft_infos))
+                               config.rpc_timeout_s_per_1k_tokens, feature_drafters(draft_infos), verify_cost)
     await sessions.client.ping()
 
 

@@ -87,14 +87,14 @@ class DraftConfig(ServiceSettings):
            "time per step; at k = 4, depth 3 accepted what depth 4 did held-out for 2.5 ms less a step. A wide "
            "tree (large k, on a GPU) wants more: 16 nodes at depth 6 with tree_branch 4 committed 2.17 tokens "
            "per step held-out")
-    tree_min_confidence: float = setting(
-        0.0, "the EAGLE drafters' trees keep only nodes whose whole path the draft gives at least this chance "
-             "(EAGLE-2's dynamic tree, cut by confidence): fewer nodes, none at all, and fewer draft passes "
-             "where the draft is unsure. Pays where each verified node costs the verifier: on an AVX2 CPU a node "
-             "costs ~6% of a step, and 0.1 kept held-out 1.77 of 1.89 tokens per step for 2.7 of 5 nodes and "
-             "2.5 of 3 draft passes, 1.50x against 1.42x over target-only on Spec-Bench (docs/distill.md); "
-             "`specmesh up` sets 0.1 when the verifier runs on the CPU. 0: every tree has k nodes (a GPU "
-             "verifies 16 for the cost of 4)")
+    tree_min_confidence: float | None = setting(
+        None, "the EAGLE drafters' trees keep only nodes whose whole path the draft gives at least this chance "
+              "(EAGLE-2's dynamic tree, cut by confidence): fewer nodes, none at all, and fewer draft passes "
+              "where the draft is unsure. Unset: each Propose's cut, which the orchestrator chooses per session "
+              "from what the verifier measured a verified token to cost (2 x its share of a 1-token step: 0.13 "
+              "on an AVX2 CPU, where a fixed 0.1 took Spec-Bench from 1.42x to 1.50x; 0.03 on a Zen 4 CPU; about "
+              "0 on a GPU, which verifies 16 nodes for the cost of 4; docs/distill.md), else 0. Set: this cut "
+              "for every Propose, whatever it asks; 0: every tree has k nodes")
     device: str = setting("cpu", "cpu or cuda")
     max_k: int = setting(8, "most draft tokens one Propose may return")
     default_drafter: str | None = setting(
@@ -140,7 +140,7 @@ class DraftConfig(ServiceSettings):
             raise ValueError(f"tree_depth must be >= 1, got {self.tree_depth}")
         if self.tree_branch < 1:
             raise ValueError(f"tree_branch must be >= 1 (1: a chain), got {self.tree_branch}")
-        if not 0.0 <= self.tree_min_confidence < 1.0:
+        if self.tree_min_confidence is not None and not 0.0 <= self.tree_min_confidence < 1.0:
             raise ValueError(f"tree_min_confidence must be in [0, 1) (0: off), got {self.tree_min_confidence}")
         if self.draft_head_tokens < 0:
             raise ValueError(f"draft_head_tokens must be >= 0 (0: the whole head), got {self.draft_head_tokens}")

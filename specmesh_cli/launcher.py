@@ -74,10 +74,6 @@ def wait_http_ok(url: str, process: subprocess.Popen | None, timeout_s: float, d
     raise TimeoutError(f"{describe} at {url} not healthy after {timeout_s:.0f} s")
 
 
-# The draft tier's tree_min_confidence when the verifier runs on a CPU: on an AVX2 CPU each verified
-# node costs ~6% of a 1-token step, and held out this cut the draft tree from 5 nodes to 2.7 for 94% of
-# its tokens per step (docs/distill.md, "A draft tree cut by confidence").
-CPU_TREE_MIN_CONFIDENCE = 0.1
 
 
 def verifier_threads(replicas: int = 1) -> int:
@@ -115,10 +111,6 @@ def shared_machine_defaults(tier: str, env: dict[str, str], verifier_replicas: i
         defaults["SPECMESH_TORCH_THREADS"] = str(verifier_threads(verifier_replicas))
         # A prompt gets every core even with replicas: the draft idles then, waiting for its features.
         defaults["SPECMESH_PREFILL_THREADS"] = str(os.cpu_count() or 1)
-    if tier == "draft" and env.get("SPECMESH_DEVICE", "cpu") == "cpu":
-        # The verifier runs on this machine's CPU (the tiers share the device setting), where every
-        # verified draft node costs a share of a step: draft trees keep only the nodes worth it.
-        defaults["SPECMESH_TREE_MIN_CONFIDENCE"] = str(CPU_TREE_MIN_CONFIDENCE)
     return defaults
 
 

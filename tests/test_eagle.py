@@ -31,7 +31,9 @@ from specmesh.v1 import cache_pb2, draft_pb2, draft_pb2_grpc, verifier_pb2, veri
 from specmesh_cli.launcher import Cluster
 from specmesh_cli.ports import free_port
 from tests.conftest import stream_through_a_kill
-from tests.test_failover import _handles
+from tests.test_failover import _handles, _record
+from orchestrator.decode import _request_from_record
+from orchestrator.tree_cut import pooled, tree_min_confidence
 from verifier_service.engine import TargetEngine, VerifyCall
 
 pytestmark = pytest.mark.slow   # long: handed to a worker first (tests/conftest.py)
@@ -217,12 +219,14 @@ def test_a_tree_cut_by_confidence_keeps_the_paths_the_draft_gives_that_chance(ea
     assert cut == kept and 0 < len(cut) < len(full)
     assert cut_paths(max(scores[node] for node in range(len(ids)) if parents[node] < 0) + 1e-3) == set()
 
-    for confidence, wanted in ((0.0, 5), (0.999999, 0)):
+    # The replica's own cut when it has one, whatever the Propose asks; else the Propose's; else none.
+    for own, asked, wanted in ((None, None, 5), (0.0, None, 5), (0.999999, None, 0), (None, 0.999999, 0),
+                               (None, 0.0, 5), (0.0, 0.999999, 5), (0.999999, 0.0, 0)):
         cutting = EagleDrafter(load_eagle(str(folder), target=target.info), tree_branch=2,
-                               tree_min_confidence=confidence)
+                               tree_min_confidence=own)
         state = cutting.new_state("drafter")
         state.sync(0, tokens, features=feats)
-        assert len(cutting.propose(state, 5, SamplingParams(), 0, top_n=8)) == wanted
+        assert len(cutting.propose(state, 5, SamplingParams(), 0, top_n=8, tree_min_confidence=asked)) == wanted
         assert state.tokens == tokens and state.cache.get_seq_length() == len(tokens)
 
 
@@ -233,13 +237,13 @@ def test_tree_min_confidence_must_be_a_chance_below_one():
         with pytest.raises(ValueError, match="tree_min_confidence"):
             DraftConfig(tree_min_confidence=bad)
     assert DraftConfig(tree_min_confidence=0.25).tree_min_confidence == 0.25
+    assert DraftConfig().tree_min_confidence is None      # unset: each Propose's (the orchestrator's)
 
 
-def test_specmesh_up_cuts_trees_where_the_verifier_runs_on_the_cpu():
-    from specmesh_cli.launcher import CPU_TREE_MIN_CONFIDENCE, shared_machine_defaults
+def test_specmesh_up_leaves_the_tree_cut_to_the_orchestrator():
+    from specmesh_cli.launcher import shared_machine_defaults
 
-    assert shared_machine_defaults("draft", {}) == {"SPECMESH_TREE_MIN_CONFIDENCE": str(CPU_TREE_MIN_CONFIDENCE)}
-    assert shared_machine_defaults("draft", {"SPECMESH_DEVICE": "cuda"}) == {}
+    assert shared_machine_defaults("draft", {}) == {}
     assert "SPECMESH_TREE_MIN_CONFIDENCE" not in shared_machine_defaults("verifier", {})
     assert "SPECMESH_TORCH_THREADS" not in shared_machine_defaults("verifier", {"SPECMESH_TORCH_THREADS": "2"})
 
@@ -418,6 +422,35 @@ def test_the_first_token_waits_for_no_draft(cluster, drafter):
     assert len(chunks[0].token_ids) == 1 and chunks[0].step.draft_tokens == 0
     assert chunks[1].step.draft_tokens > 0
     assert [t for c in chunks for t in c.token_ids] == reference.token_ids
+
+
+def test_each_session_drafts_with_the_cut_its_verifiers_measured_cost_gives(cluster, redis_url):
+    """VerifierInfo.verify_cost: a Verify of k draft tokens next to one of none, measured at start-up. The
+    orchestrator turns it into a session's tree cut (orchestrator/tree_cut.py), sends it with every
+    Propose and keeps it in the session's record, which a resumed session drafts with."""
+    costs = []
+    for port in cluster.verifier_ports:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            info = verifier_pb2_grpc.VerifierStub(channel).Info(cache_pb2.InfoRequest(), timeout=30)
+        assert len(info.verify_cost) == 9 and info.verify_cost[0] == 1.0 and min(info.verify_cost) > 0
+        costs.append(list(info.verify_cost))
+    with Client(cluster.address) as client:
+        got = client.generate(PROMPTS[0], k=4, drafter="eagle", **GREEDY)
+    record = _record(redis_url, got.session_id)
+    assert record.params["tree_min_confidence"] == tree_min_confidence(pooled(costs), 4)
+    assert _request_from_record(record).tree_min_confidence == record.params["tree_min_confidence"]
+
+
+def test_a_propose_cut_outside_0_to_1_is_refused(cluster):
+    with grpc.insecure_channel(f"localhost:{cluster.draft_ports[0]}") as channel:
+        stub = draft_pb2_grpc.DraftStub(channel)
+        for bad in (-0.5, 1.0):
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Propose(draft_pb2.ProposeRequest(session_id="cut-refused", k=2, drafter="eagle",
+                                                      sync=cache_pb2.CacheSync(start=0, token_ids=[1, 2]),
+                                                      tree_min_confidence=bad), timeout=30)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "tree_min_confidence" in error.value.details()
 
 
 def test_a_tree_cut_by_confidence_through_the_services_keeps_the_output(cluster):

@@ -25,7 +25,7 @@ def replicated(tiny_models, redis_url, tmp_path_factory):
         yield cluster
 
 
-def _handles(redis_url, session_id):
+def _record(redis_url, session_id):
     async def read():
         store = SessionStore.from_url(redis_url, 60)
         try:
@@ -33,7 +33,11 @@ def _handles(redis_url, session_id):
         finally:
             await store.client.aclose()
 
-    record = asyncio.run(read())
+    return asyncio.run(read())
+
+
+def _handles(redis_url, session_id):
+    record = _record(redis_url, session_id)
     return record.draft_handle.replica, record.verifier_handle.replica
 
 

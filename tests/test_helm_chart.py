@@ -519,18 +519,17 @@ def test_tier_settings_render_as_their_environment_variables():
     assert env_of(container(deployments[f"{FULLNAME}-orchestrator"]))["SPECMESH_SESSION_TTL_S"]["value"] == "900"
 
 
-def test_draft_trees_are_cut_by_confidence_where_the_verifier_runs_on_the_cpu(dev, prod):
-    """As `specmesh up` does: a CPU verifier pays for every verified node, a GPU one hardly does; a
-    tree_min_confidence in the draft's settings wins, and is rendered once."""
+def test_draft_trees_are_cut_by_what_the_verifier_measures_unless_the_draft_settings_say(dev, prod):
+    """The orchestrator chooses each session's cut from the verifier's measured cost (orchestrator/tree_cut.py),
+    on a CPU or a GPU alike: the chart sets none, and a tree_min_confidence in the draft's settings, which
+    then wins over the orchestrator's, is rendered once."""
     def draft_env(docs):
         deployment = of_kind(docs, "Deployment")[f"{FULLNAME}-draft"]
         names = [e["name"] for e in container(deployment).get("env", [])]
         assert names.count("SPECMESH_TREE_MIN_CONFIDENCE") <= 1
         return env_of(container(deployment))
 
-    from specmesh_cli.launcher import CPU_TREE_MIN_CONFIDENCE
-
-    assert draft_env(dev)["SPECMESH_TREE_MIN_CONFIDENCE"]["value"] == str(CPU_TREE_MIN_CONFIDENCE)
+    assert "SPECMESH_TREE_MIN_CONFIDENCE" not in draft_env(dev)
     assert "SPECMESH_TREE_MIN_CONFIDENCE" not in draft_env(prod)
     chosen = render({"draft": {"settings": {"tree_min_confidence": 0.05}}})
     assert draft_env(chosen)["SPECMESH_TREE_MIN_CONFIDENCE"]["value"] == "0.05"

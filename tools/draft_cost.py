@@ -94,7 +94,7 @@ def acceptance(drafter, work: str, k: int) -> str:
     with _counting_passes(model, tally):
         for e in examples:
             if shape is not None:
-                steps += eagle_tree_greedy_steps(model, t2d, d2t, e, k, *shape, min_score=drafter.tree_min_score,
+                steps += eagle_tree_greedy_steps(model, t2d, d2t, e, k, *shape, min_score=drafter.min_score(),
                                                  tally=tally)
             elif getattr(drafter, "uses_target_features", False):
                 steps += eagle_greedy_steps(model, t2d, d2t, e, k)

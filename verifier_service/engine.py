@@ -69,6 +69,9 @@ class TargetEngine:
             config.max_sessions, config.session_idle_s, max_bytes=config.max_cache_bytes,
             size_of=lambda session: cache_nbytes(session.cache))
         self.prefill_threads = config.prefill_threads
+        # A Verify of k draft tokens' cost / one of none, k = 0, 1, ... (verifier_service/verify_cost.py):
+        # measured by the server before it serves; empty until then.
+        self.verify_cost: list[float] = []
 
     def _check_tokens(self, field: str, tokens: Sequence[int]) -> None:
         check_token_ids(field, tokens, self.info.vocab_size)

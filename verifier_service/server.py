@@ -14,6 +14,7 @@ from specmesh.v1 import verifier_pb2_grpc
 from verifier_service.batching import VerifyBatcher
 from verifier_service.engine import TargetEngine
 from verifier_service.servicer import SERVICE_NAME, VerifierServicer
+from verifier_service.verify_cost import measure_verify_cost
 
 log = logging.getLogger("specmesh.verifier")
 
@@ -28,7 +29,9 @@ async def serve(config: VerifierConfig) -> None:
     loaded = await host.load(load_model, config.model, device=config.device, dtype=config.dtype)
     await host.load(apply_kernels, loaded.model, config.linear_kernels, config.batch_invariant,
                     config.min_product_rows)
-    host.engine = TargetEngine(loaded, config)
+    engine = TargetEngine(loaded, config)
+    engine.verify_cost = await host.load(measure_verify_cost, engine)
+    host.engine = engine
     await runtime.set_serving(True)
     log.info("verifier SERVING %s on port %d", loaded.info.name, runtime.port)
     trimming = asyncio.ensure_future(host.give_back_memory_when_idle())   # resident memory back after load

@@ -57,4 +57,4 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         return verifier_pb2.VerifierInfo(model=info.name, vocab_size=info.vocab_size,
                                          vocab_fingerprint=info.vocab_fingerprint, max_context=info.max_context,
                                          eos_token_ids=list(info.eos_token_ids), cached_sessions=len(engine.sessions),
-                                         feature_dim=engine.feature_dim)
+                                         feature_dim=engine.feature_dim, verify_cost=engine.verify_cost)

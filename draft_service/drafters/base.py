@@ -32,6 +32,7 @@ class Drafter(ABC):
     max_context: int = 0            # 0: no limit on the sequence length
     uses_target_features: bool = False   # True: each sync carries the target's features (EAGLE)
     feature_dim: int = 0            # their width (the target's hidden size); 0 when unused
+    grows_trees: bool = False       # True: proposes draft trees, and its propose takes tree_min_confidence
 
     @classmethod
     @abstractmethod

@@ -101,14 +101,15 @@ class EagleState(TokenHistory):
 class EagleDrafter(Drafter):
     name = "eagle"
     uses_target_features = True
+    grows_trees = True
 
     def __init__(self, draft: DistilledDraft, tree_branch: int = 1, tree_depth: int = 6,
-                 tree_min_confidence: float = 0.0):
+                 tree_min_confidence: float | None = None):
         self.draft = draft
         self.tree_branch = tree_branch                                # > 1: propose draft trees
         self.tree_depth = tree_depth
-        # A tree node's path must score at least this (a log-chance; -inf: every tree has k nodes).
-        self.tree_min_score = math.log(tree_min_confidence) if tree_min_confidence > 0 else -math.inf
+        # This replica's own cut, or None: each Propose's (the orchestrator's, orchestrator/tree_cut.py).
+        self.tree_min_confidence = tree_min_confidence
         self.model = draft.model
         self.model_name = draft.info.name
         self.vocab_size = draft.info.vocab_size
@@ -136,12 +137,18 @@ class EagleDrafter(Drafter):
     def read(self, state: EagleState) -> None:
         state.feed_committed()
 
+    def min_score(self, requested: float | None = None) -> float:
+        """The log-chance a tree node's whole path must reach: from this replica's cut when it has one, else
+        from the Propose's, else -inf (every tree has k nodes)."""
+        confidence = self.tree_min_confidence if self.tree_min_confidence is not None else requested
+        return math.log(confidence) if confidence else -math.inf
+
     def propose(self, state: EagleState, k: int, params: SamplingParams, seed: int,
-                top_n: int) -> list[DraftProposal]:
+                top_n: int, tree_min_confidence: float | None = None) -> list[DraftProposal]:
         logits, hidden = state.feed_committed()              # [n_out + 1], [H]: predicts position len(tokens)
         shape = self.tree_shape(k)
         if shape is not None:
-            return self._tree(state, logits, hidden, k, *shape, params)
+            return self._tree(state, logits, hidden, k, *shape, params, self.min_score(tree_min_confidence))
         proposals: list[DraftProposal] = []
         for i in range(k):
             probs = process_logits(mask_other(logits), params)                     # [n_out]
@@ -156,7 +163,7 @@ class EagleDrafter(Drafter):
         return proposals
 
     def _tree(self, state: EagleState, logits: torch.Tensor, hidden: torch.Tensor, k: int, depth: int, branch: int,
-              params: SamplingParams) -> list[DraftProposal]:
+              params: SamplingParams, min_score: float) -> list[DraftProposal]:
         """A draft tree of k nodes (specmesh.eagle.grow_tree), ranked by the draft's q under the request's
         sampling (greedy ranks by the plain softmax: its one-hot q would rank nothing). Its proposals are
         point masses: the verifier tries siblings in order (specmesh.speculative.accept_tree). The state's
@@ -167,14 +174,14 @@ class EagleDrafter(Drafter):
 
         with torch.inference_mode():
             ids, parents = grow_tree(self.model, state.cache, len(state.tokens), logits, hidden, k,
-                                     depth=depth, branch=branch, rank=rank, min_score=self.tree_min_score)
+                                     depth=depth, branch=branch, rank=rank, min_score=min_score)
         tokens = self.draft_to_target[torch.tensor(ids, dtype=torch.long, device=self.draft_to_target.device)]
         return [DraftProposal.point_mass(int(t), parent) for t, parent in zip(tokens.tolist(), parents)]
 
 
 @functools.lru_cache(maxsize=4)
 def _load(spec: str, device: str, head_tokens: int, tree_branch: int, tree_depth: int,
-          tree_min_confidence: float, kernels: str, batch_invariant: bool, min_rows: int) -> EagleDrafter:
+          tree_min_confidence: float | None, kernels: str, batch_invariant: bool, min_rows: int) -> EagleDrafter:
     """One drafter per configuration, shared by every drafter built on it (eagle, eagle-hybrid), its
     kernels set up once (their probes and timing included)."""
     draft = load_eagle(resolve_draft(spec), device=device)

@@ -58,6 +58,7 @@ class EagleHybridDrafter(Drafter):
 
     name = "eagle-hybrid"
     uses_target_features = True
+    grows_trees = True
 
     def __init__(self, eagle, ngram: int):
         self.eagle = eagle
@@ -79,9 +80,10 @@ class EagleHybridDrafter(Drafter):
     def read(self, state) -> None:
         self.eagle.read(state)
 
-    def propose(self, state, k: int, params: SamplingParams, seed: int, top_n: int) -> list[DraftProposal]:
+    def propose(self, state, k: int, params: SamplingParams, seed: int, top_n: int,
+                tree_min_confidence: float | None = None) -> list[DraftProposal]:
         continuation = lookup(state.tokens, k, self.ngram, self.ngram)
         if continuation:
             state.tokens.extend(continuation)        # drafts: the next sync replaces them with what was committed
             return [DraftProposal.point_mass(t) for t in continuation]
-        return self.eagle.propose(state, k, params, seed, top_n)
+        return self.eagle.propose(state, k, params, seed, top_n, tree_min_confidence)

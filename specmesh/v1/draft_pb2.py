@@ -26,7 +26,7 @@ from specmesh.v1 import sampling_pb2 as specmesh_dot_v1_dot_sampling__pb2
 from specmesh.v1 import cache_pb2 as specmesh_dot_v1_dot_cache__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specmesh/v1/draft.proto\x12\x0bspecmesh.v1\x1a\x1aspecmesh/v1/sampling.proto\x1a\x17specmesh/v1/cache.proto\"\xc4\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x04sync\x18\x02 \x01(\x0b\x32\x16.specmesh.v1.CacheSync\x12\t\n\x01k\x18\x03 \x01(\x05\x12\x0f\n\x07\x64rafter\x18\x04 \x01(\t\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specmesh.v1.SamplingParams\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\r\n\x05top_n\x18\x07 \x01(\x05\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x01(\x0c\"A\n\rDraftProposal\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05q_ids\x18\x02 \x03(\x05\x12\x0f\n\x07q_probs\x18\x03 \x03(\x02\"e\n\x0fProposeResponse\x12-\n\tproposals\x18\x01 \x03(\x0b\x32\x1a.specmesh.v1.DraftProposal\x12\x12\n\ncached_len\x18\x02 \x01(\x03\x12\x0f\n\x07parents\x18\x03 \x03(\x05\"\xa1\x01\n\x0b\x44rafterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x04 \x01(\t\x12\x13\n\x0bmax_context\x18\x05 \x01(\x03\x12\x1c\n\x14uses_target_features\x18\x06 \x01(\x08\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x07 \x01(\x05\"x\n\tDraftInfo\x12*\n\x08\x64rafters\x18\x01 \x03(\x0b\x32\x18.specmesh.v1.DrafterInfo\x12\x17\n\x0f\x64\x65\x66\x61ult_drafter\x18\x02 \x01(\t\x12\r\n\x05max_k\x18\x03 \x01(\x05\x12\x17\n\x0f\x63\x61\x63hed_sessions\x18\x04 \x01(\x05\x32\xcd\x01\n\x05\x44raft\x12\x44\n\x07Propose\x12\x1b.specmesh.v1.ProposeRequest\x1a\x1c.specmesh.v1.ProposeResponse\x12\x44\n\x07Release\x12\x1b.specmesh.v1.ReleaseRequest\x1a\x1c.specmesh.v1.ReleaseResponse\x12\x38\n\x04Info\x12\x18.specmesh.v1.InfoRequest\x1a\x16.specmesh.v1.DraftInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specmesh/v1/draft.proto\x12\x0bspecmesh.v1\x1a\x1aspecmesh/v1/sampling.proto\x1a\x17specmesh/v1/cache.proto\"\xfe\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x04sync\x18\x02 \x01(\x0b\x32\x16.specmesh.v1.CacheSync\x12\t\n\x01k\x18\x03 \x01(\x05\x12\x0f\n\x07\x64rafter\x18\x04 \x01(\t\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specmesh.v1.SamplingParams\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\r\n\x05top_n\x18\x07 \x01(\x05\x12\x10\n\x08\x66\x65\x61tures\x18\x08 \x01(\x0c\x12 \n\x13tree_min_confidence\x18\t \x01(\x02H\x00\x88\x01\x01\x42\x16\n\x14_tree_min_confidence\"A\n\rDraftProposal\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05q_ids\x18\x02 \x03(\x05\x12\x0f\n\x07q_probs\x18\x03 \x03(\x02\"e\n\x0fProposeResponse\x12-\n\tproposals\x18\x01 \x03(\x0b\x32\x1a.specmesh.v1.DraftProposal\x12\x12\n\ncached_len\x18\x02 \x01(\x03\x12\x0f\n\x07parents\x18\x03 \x03(\x05\"\xa1\x01\n\x0b\x44rafterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x05\x12\x19\n\x11vocab_fingerprint\x18\x04 \x01(\t\x12\x13\n\x0bmax_context\x18\x05 \x01(\x03\x12\x1c\n\x14uses_target_features\x18\x06 \x01(\x08\x12\x13\n\x0b\x66\x65\x61ture_dim\x18\x07 \x01(\x05\"x\n\tDraftInfo\x12*\n\x08\x64rafters\x18\x01 \x03(\x0b\x32\x18.specmesh.v1.DrafterInfo\x12\x17\n\x0f\x64\x65\x66\x61ult_drafter\x18\x02 \x01(\t\x12\r\n\x05max_k\x18\x03 \x01(\x05\x12\x17\n\x0f\x63\x61\x63hed_sessions\x18\x04 \x01(\x05\x32\xcd\x01\n\x05\x44raft\x12\x44\n\x07Propose\x12\x1b.specmesh.v1.ProposeRequest\x1a\x1c.specmesh.v1.ProposeResponse\x12\x44\n\x07Release\x12\x1b.specmesh.v1.ReleaseRequest\x1a\x1c.specmesh.v1.ReleaseResponse\x12\x38\n\x04Info\x12\x18.specmesh.v1.InfoRequest\x1a\x16.specmesh.v1.DraftInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specmesh.v1.draft_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROPOSEREQUEST']._serialized_start=94
-  _globals['_PROPOSEREQUEST']._serialized_end=290
-  _globals['_DRAFTPROPOSAL']._serialized_start=292
-  _globals['_DRAFTPROPOSAL']._serialized_end=357
-  _globals['_PROPOSERESPONSE']._serialized_start=359
-  _globals['_PROPOSERESPONSE']._serialized_end=460
-  _globals['_DRAFTERINFO']._serialized_start=463
-  _globals['_DRAFTERINFO']._serialized_end=624
-  _globals['_DRAFTINFO']._serialized_start=626
-  _globals['_DRAFTINFO']._serialized_end=746
-  _globals['_DRAFT']._serialized_start=749
-  _globals['_DRAFT']._serialized_end=954
+  _globals['_PROPOSEREQUEST']._serialized_end=348
+  _globals['_DRAFTPROPOSAL']._serialized_start=350
+  _globals['_DRAFTPROPOSAL']._serialized_end=415
+  _globals['_PROPOSERESPONSE']._serialized_start=417
+  _globals['_PROPOSERESPONSE']._serialized_end=518
+  _globals['_DRAFTERINFO']._serialized_start=521
+  _globals['_DRAFTERINFO']._serialized_end=682
+  _globals['_DRAFTINFO']._serialized_start=684
+  _globals['_DRAFTINFO']._serialized_end=804
+  _globals['_DRAFT']._serialized_start=807
+  _globals['_DRAFT']._serialized_end=1012
 # @@protoc_insertion_point(module_scope)

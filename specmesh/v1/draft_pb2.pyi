@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "sync", "k", "drafter", "sampling", "seed", "top_n", "features")
+    __slots__ = ("session_id", "sync", "k", "drafter", "sampling", "seed", "top_n", "features", "tree_min_confidence")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class ProposeRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     TOP_N_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    TREE_MIN_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     sync: _cache_pb2.CacheSync
     k: int
@@ -26,7 +27,8 @@ class ProposeRequest(_message.Message):
     seed: int
     top_n: int
     features: bytes
-    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., top_n: _Optional[int] = ..., features: _Optional[bytes] = ...) -> None: ...
+    tree_min_confidence: float
+    def __init__(self, session_id: _Optional[str] = ..., sync: _Optional[_Union[_cache_pb2.CacheSync, _Mapping]] = ..., k: _Optional[int] = ..., drafter: _Optional[str] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., seed: _Optional[int] = ..., top_n: _Optional[int] = ..., features: _Optional[bytes] = ..., tree_min_confidence: _Optional[float] = ...) -> None: ...
 
 class DraftProposal(_message.Message):
     __slots__ = ("token_id", "q_ids", "q_probs")

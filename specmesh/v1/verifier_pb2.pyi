@@ -64,7 +64,7 @@ class VerifyResponse(_message.Message):
     def __init__(self, target_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., cached_len: _Optional[int] = ..., features: _Optional[bytes] = ..., features_start: _Optional[int] = ..., end_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifierInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "vocab_fingerprint", "max_context", "eos_token_ids", "cached_sessions", "feature_dim")
+    __slots__ = ("model", "vocab_size", "vocab_fingerprint", "max_context", "eos_token_ids", "cached_sessions", "feature_dim", "verify_cost")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class VerifierInfo(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CACHED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     FEATURE_DIM_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COST_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     vocab_fingerprint: str
@@ -79,4 +80,5 @@ class VerifierInfo(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     cached_sessions: int
     feature_dim: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., cached_sessions: _Optional[int] = ..., feature_dim: _Optional[int] = ...) -> None: ...
+    verify_cost: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., vocab_fingerprint: _Optional[str] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., cached_sessions: _Optional[int] = ..., feature_dim: _Optional[int] = ..., verify_cost: _Optional[_Iterable[float]] = ...) -> None: ...
