@@ -27,12 +27,14 @@ MAX_CUT = 0.5           # a noisy measurement never stops a tree from drafting a
 
 
 def tree_min_confidence(verify_cost: Sequence[float], k: int) -> float:
-    """The cut for a session drafting k tokens a step, from verify_cost[k] (a Verify of k draft tokens /
-    one of none); past the measured k, at the last measured one's cost per token. 0 when not measured."""
-    if k <= 0 or len(verify_cost) < 2:
+    """The cut for a session drafting k tokens a step, from verify_cost[1..k] (a Verify of j draft tokens /
+    one of none; past the measured k, as far as measured). A draft token's cost is the least-squares slope
+    of the cost over j through the 1-token step, which reads every size up to k rather than one noisy
+    figure. 0 when not measured."""
+    sizes = range(1, min(k, len(verify_cost) - 1) + 1)
+    if not sizes:
         return 0.0
-    measured = min(k, len(verify_cost) - 1)
-    per_token = (verify_cost[measured] - verify_cost[0]) / (measured * verify_cost[0])
+    per_token = sum(j * (verify_cost[j] / verify_cost[0] - 1) for j in sizes) / sum(j * j for j in sizes)
     return round(min(MAX_CUT, max(0.0, TOKENS_PER_STEP * per_token)), 3)
 
 
