@@ -12,8 +12,8 @@ from orchestrator.decode import Decoder
 from orchestrator.replicas import Replica, ReplicaPool
 from orchestrator.requests import Limits
 from orchestrator.servicer import SERVICE_NAME, OrchestratorServicer
-from orchestrator.tree_cut import pooled, tree_min_confidence
 from orchestrator.sessions import SessionStore
+from orchestrator.tree_cut import pooled, tree_min_confidence
 from specmesh import auth, telemetry, tls
 from specmesh.config import OrchestratorConfig
 from specmesh.models import ModelInfo, VocabularyMismatch, check_same_vocab, load_tokenizer

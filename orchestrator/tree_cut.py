@@ -9,7 +9,7 @@ cut also saves draft passes, which pulls the other way). So a node pays when
 
 The share is what the verifier measured at start-up (VerifierInfo.verify_cost, at the request's k).
 Measured ahead of this rule: on session 22's AVX2 EPYC a token cost 6.3% of a step, and the best
-fixed cut held-out was 0.1 (this rule: 0.13); on session 29's Zen 4 EPYC it costs 1.5%, and the old
+fixed cut held-out was 0.1 (this rule, on its in-process table: 0.12); on session 29's Zen 4 EPYC it costs 1.5%, and the old
 fixed 0.1 gave away 6% of the tokens per step for 3% of the step (this rule: 0.03); on a GPU it is
 about 0, and so is the cut (docs/distill.md, "A tree cut by what a verified token costs").
 

@@ -91,7 +91,7 @@ class DraftConfig(ServiceSettings):
         None, "the EAGLE drafters' trees keep only nodes whose whole path the draft gives at least this chance "
               "(EAGLE-2's dynamic tree, cut by confidence): fewer nodes, none at all, and fewer draft passes "
               "where the draft is unsure. Unset: each Propose's cut, which the orchestrator chooses per session "
-              "from what the verifier measured a verified token to cost (2 x its share of a 1-token step: 0.13 "
+              "from what the verifier measured a verified token to cost (2 x its share of a 1-token step: 0.12 "
               "on an AVX2 CPU, where a fixed 0.1 took Spec-Bench from 1.42x to 1.50x; 0.03 on a Zen 4 CPU; about "
               "0 on a GPU, which verifies 16 nodes for the cost of 4; docs/distill.md), else 0. Set: this cut "
               "for every Propose, whatever it asks; 0: every tree has k nodes")

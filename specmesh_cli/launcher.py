@@ -74,8 +74,6 @@ def wait_http_ok(url: str, process: subprocess.Popen | None, timeout_s: float, d
     raise TimeoutError(f"{describe} at {url} not healthy after {timeout_s:.0f} s")
 
 
-
-
 def verifier_threads(replicas: int = 1) -> int:
     """A verifier's torch threads where the tiers share this machine: every core, split between its replicas.
 
