@@ -64,8 +64,10 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                 "decoder layer(s) and its final norm")
         loss = (f"loss = {1 - args.kd_weight:.2f} x cross-entropy on the target's tokens + {args.kd_weight:.2f} x "
                 "cross-entropy against its top-16 distribution")
+    precision = facts.get("train_precision", "fp32")
+    precision = "bfloat16 products (autocast)" if precision == "bf16" else "float32"
     training = (f"training: {args.steps} AdamW steps of about {args.train_batch_tokens} tokens, lr {args.lr} "
-                f"(warm-up, cosine),\n  {loss}; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},\n"
+                f"(warm-up, cosine), in {precision} (`--train-precision {args.train_precision}`),\n  {loss}; last step: loss {facts['last_step'].get('loss', float('nan')):.3f},\n"
                 f"  top-1 agreement {facts['last_step'].get('acc', float('nan')):.3f}.")
     if args.steps == 0:
         training = "training: none (`--steps 0`): the table below measures the starting draft as it is."
@@ -92,7 +94,7 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear
   kernels (`--generation-kernels`), finished rows {'dropped from' if args.finished_rows == 'drop' else 'kept in'}
-  their batch (`--finished-rows`).
+  their batch (`--finished-rows`), sampled tokens drawn by {args.sampler} (`--sampler`).
 - vocabulary: the {len(vocab_map.draft_to_target)} {vocab_source}; they cover
   {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.
 - initialisation: {init}.

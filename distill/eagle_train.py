@@ -106,8 +106,11 @@ def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool =
         target = batch["features"]                                                   # [B, L, H]
         valid = batch["attention_mask"].bool()                                       # [B, L]
         answer = valid if prompt_positions else batch["answer"]                      # [B, L]
-        with torch.no_grad():
+        # The teacher in float32 under a bf16 autocast too: rounding its logits to bfloat16 (~0.1 at their
+        # size) would blur the very distribution the draft is taught.
+        with torch.no_grad(), torch.autocast(target.device.type, enabled=False):
             teacher = torch.softmax(target[answer] @ teacher_head.T, dim=-1)         # [N, n_out]
+            teacher_top = teacher.argmax(-1)                                          # [N]
         prev = shifted(target)
         total, stats = 0.0, {}
         noise = None
@@ -119,11 +122,12 @@ def eagle_loss(passes: int, teacher_head: torch.Tensor, prompt_positions: bool =
             _, hidden = model(batch["input_ids"], prev, attention_mask=batch["attention_mask"])   # [B, L, H]
             reg = F.smooth_l1_loss(hidden[valid], target[valid])
             logits = model.lm.lm_head(hidden[answer])[:, :-1]                        # [N, n_out]
-            ce = -(teacher * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+            logits = logits.float()   # a no-op in float32; under bf16 autocast the softmax wants float32 anyway
+            ce = -(teacher * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
             term = REG_WEIGHT * reg + CE_WEIGHT * ce
             total = total + (term if weights is None else weights[p] * term)
             with torch.no_grad():
-                acc = (logits.argmax(-1) == teacher.argmax(-1)).float().mean().item()
+                acc = (logits.argmax(-1) == teacher_top).float().mean().item()
             stats.update({f"reg{p}": reg.item(), f"ce{p}": ce.item(), f"acc{p}": acc})
             prev = shifted(hidden.detach())
         if weights is None:   # the shipped drafts' sum, kept as it was so that they reproduce bit for bit

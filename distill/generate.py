@@ -32,6 +32,7 @@ class GenerationPlan:
     top_k_stored: int = 16           # target log-probs kept per position for the KD loss
     max_prompt_tokens: int = 384
     drop_finished_rows: bool = True  # see COMPACT_WHEN_FINISHED; False: every row runs to the batch's end
+    sampler: str = "inverse-cdf"     # see SAMPLERS
 
 
 def render(tokenizer, prompt: Prompt) -> list[int]:
@@ -56,6 +57,41 @@ def plan_batches(tokenizer, prompts: Sequence[Prompt], plan: GenerationPlan, see
     # Similar lengths share a batch (little padding); greedy and sampled rows never share one.
     examples.sort(key=lambda e: (e["temperature"], len(e["prompt_ids"]), e["index"]))
     return [examples[i:i + plan.batch_size] for i in range(0, len(examples), plan.batch_size)]
+
+
+# How a sampled row draws its next token. Both draw from the same distribution; their draws differ.
+# "inverse-cdf": one uniform a row and step, and the token whose interval of the cumulative probabilities
+#   holds it.
+# "multinomial": torch.multinomial, which on a CPU reads an exponential for every token of the vocabulary
+#   and row (48 x 49k a step): 44 ms of a 170 ms 48-row decode step on the 2-core build machine, a
+#   quarter of every sampled step, and all of it still paid after finished rows leave the batch.
+#   How work folders made before the choice were generated (distill.run.data_key).
+SAMPLERS = ("inverse-cdf", "multinomial")
+
+
+def draw_tokens(probs: torch.Tensor, rows: torch.Tensor, n: int, generator: torch.Generator,
+                sampler: str) -> torch.Tensor:
+    """[R, V] probabilities of the R rows still in the batch (`rows`: their rows among the batch's n) ->
+    [R] tokens, on the generator's device. Each draw reads what it would read with all n rows present, so
+    a row's tokens do not depend on which others have finished."""
+    if sampler == "inverse-cdf":
+        u = torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)   # [B]
+        u = u[rows.to(generator.device)]                                                   # [R]
+        # float64: a float32 running sum over 49k probabilities drifts in its low bits, moving the ends.
+        cdf = probs.to(generator.device, torch.float64).cumsum(-1)                         # [R, V]
+        total = cdf[:, -1:]                                                                # [R, 1]
+        point = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        # right=True: the first token whose cumulative sum passes the point, so a token of probability 0
+        # (an empty interval) is never drawn, nor one past the last with any probability.
+        return torch.searchsorted(cdf, point, right=True).squeeze(1)                       # [R]
+    if sampler != "multinomial":
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+    probs, rows = probs.to(generator.device), rows.to(generator.device)
+    if len(rows) < n:   # dropped rows draw from a uniform stand-in, so the live rows keep their draws
+        full = torch.ones(n, probs.shape[-1], device=generator.device)                     # [B, V]
+        full[rows] = probs
+        probs = full
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)[rows]                # [R]
 
 
 # A batch drops its finished rows from the forward and the KV cache once a quarter of them have finished:
@@ -106,14 +142,10 @@ def generate_batch(model, batch: list[dict], plan: GenerationPlan, eos_ids: Sequ
         logp = torch.log_softmax(logits, dim=-1)                                        # [R, V]
         values, ids = logp.topk(plan.top_k_stored, dim=-1)                              # [R, K]
         if temperature > 0:
-            probs = torch.softmax(logits / temperature, dim=-1).to(generator.device)    # [R, V]
-            if len(rows) < n:   # dropped rows draw from a uniform stand-in, so the live rows keep their draws
-                full = torch.ones(n, probs.shape[-1], device=generator.device)         # [B, V]
-                full[rows.to(generator.device)] = probs
-                probs = full
-            # On the generator's device: a CPU multinomial over 49k tokens x 256 rows took 0.5 s a step
-            # beside a GPU target (12x the greedy step); on a CPU target this is the same draw as before.
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(device)[rows]   # [R]
+            probs = torch.softmax(logits / temperature, dim=-1)                         # [R, V]
+            # Drawn on the generator's device: a CPU multinomial over 49k tokens x 256 rows took 0.5 s a
+            # step beside a GPU target (12x the greedy step).
+            token = draw_tokens(probs, rows, n, generator, plan.sampler).to(device)          # [R]
         else:
             token = logits.argmax(dim=-1)                                               # [R]
         token = torch.where(live, token, torch.full_like(token, pad_id))

@@ -41,7 +41,7 @@ def make_data(args, target, work: Path) -> Data:
     drop = args.finished_rows == "drop"
     plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           greedy_fraction=args.greedy_fraction, temperature=args.temperature, drop_finished_rows=drop,
-                          max_prompt_tokens=args.max_prompt_tokens)
+                          max_prompt_tokens=args.max_prompt_tokens, sampler=args.sampler)
     heldout_plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                   greedy_fraction=1.0, drop_finished_rows=drop, max_prompt_tokens=args.max_prompt_tokens)
     limit = args.max_train_batches
@@ -110,7 +110,7 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
 
         prompts = write_prompts(target.model, target.tokenizer, target.info.eos_token_ids, n, args.seed + 2,
                                 args.batch_size, folder / "prompts.json", BenchFilter(spec_bench.QUESTIONS), bar.update,
-                                planned, drop_finished_rows=plan.drop_finished_rows)
+                                planned, drop_finished_rows=plan.drop_finished_rows, sampler=plan.sampler)
     with tqdm(total=len(prompts), desc="target answers them", unit="prompt", dynamic_ncols=True) as bar:
         paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, prompts,
                                 folder / "answers", plan, args.seed + 3, bar.update)
@@ -120,8 +120,12 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
     return examples
 
 
-def train_key(args) -> str:
+def train_key(args, precision: str = "fp32") -> str:
+    """Names the checkpoint folder: every argument that changes training (float32 keeps the names it had
+    before --train-precision)."""
     key = f"v{args.vocab}-l{args.layers}-s{args.steps}-b{args.train_batch_tokens}-lr{args.lr}"
+    if precision != "fp32":
+        key += f"-{precision}"
     if args.init_from is not None:
         key += f"-init{init_digest(args.init_folder)}"
     if args.self_prompts_per_category:
@@ -161,9 +165,9 @@ def _starting_draft(args, target):
     return draft.model.float(), draft.vocab_map
 
 
-def train(args, target, data: Data, work: Path, device: str):
-    """Choose the vocabulary, build the draft from the target (or start from --init-from's), distill;
-    -> (model, VocabMap, facts)."""
+def train(args, target, data: Data, work: Path, device: str, precision: str = "fp32"):
+    """Choose the vocabulary, build the draft from the target (or start from --init-from's), distill in
+    `precision` ("fp32" or "bf16": distill.train.resolve_precision); -> (model, VocabMap, facts)."""
     import torch
 
     from distill.draft_model import build_draft
@@ -204,7 +208,8 @@ def train(args, target, data: Data, work: Path, device: str):
         model = start[0] if start is not None else build_draft(target.model, draft_to_target, args.layers)
         examples = make_examples(data.train, vocab_map.target_to_draft(), vocab_map.other_id,
                                  max_len=args.max_new_tokens + 512)
-    folder = work / f"train-{train_key(args)}"
+    log.info("training in %s (--train-precision %s)", precision, args.train_precision)
+    folder = work / f"train-{train_key(args, precision)}"
     folder.mkdir(parents=True, exist_ok=True)
     with tqdm(total=args.steps, desc="distilling", unit="step", dynamic_ncols=True) as bar:
         def progress(step, stats):
@@ -215,8 +220,8 @@ def train(args, target, data: Data, work: Path, device: str):
         last = run_training(model, examples, steps=args.steps, batch_tokens=args.train_batch_tokens, lr=args.lr,
                             kd_weight=args.kd_weight, seed=args.seed, device=device,
                             checkpoint=folder / "checkpoint.pt", checkpoint_every=args.checkpoint_every,
-                            progress=progress, **options)
-    facts = dict(vocab_coverage=coverage, train_examples=len(examples), last_step=last,
+                            progress=progress, precision=precision, **options)
+    facts = dict(vocab_coverage=coverage, train_examples=len(examples), last_step=last, train_precision=precision,
                  train_tokens=sum(len(e["response_ids"]) for e in data.train))
     return model.to(device), vocab_map, facts
 

@@ -71,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "machine, the same tokens) or keep them to the end (how work folders made before this "
                         "option were generated; a few features round differently in the last bit, so each has "
                         "its own work folder)")
+    p.add_argument("--sampler", choices=("inverse-cdf", "multinomial"), default="inverse-cdf",  # generate.SAMPLERS
+                   help="how a sampled generation draws each token, from the same distribution either way: "
+                        "inverse-cdf (one uniform a row and step, the token whose cumulative-probability interval "
+                        "holds it; 1.5x the tokens/s of multinomial when the target writes requests on this "
+                        "project's 2-core build machine) or multinomial (torch.multinomial, an exponential for every "
+                        "token of the vocabulary and row: how work folders made before this option were generated)")
     p.add_argument("--max-train-batches", type=int, default=None,
                    help="generate and train on only the first N training batches of the plan (they come greedy "
                         "first, shortest prompts first); a later run with a larger N, or none, extends the same "
@@ -106,6 +112,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with --steps 0, only measures it on the held-out requests")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"],
                    help="optimizer steps (0 with --init-from: measure that draft, train nothing)")
+    p.add_argument("--train-precision", choices=("auto", "fp32", "bf16"), default="auto",  # train.PRECISIONS
+                   help="the training forward's products: bf16 (autocast; weights, optimizer and softmaxes stay "
+                        "float32; 1.5x faster steps on this project's AVX512-BF16 build machine), fp32, or auto: "
+                        "bf16 where the device multiplies bfloat16 natively (AVX512-BF16 or AMX CPUs, CUDA GPUs "
+                        "that support it), else fp32. The card says which ran")
     p.add_argument("--train-batch-tokens", type=int, default=DEFAULTS["train_batch_tokens"],
                    help="tokens per optimizer step")
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
@@ -207,13 +218,16 @@ def data_key(args, target_name: str, packed: bool = False) -> str:
     """Names the work folder: every argument that changes the generations. `packed`: the target generates
     with pre-packed weights, whose products round differently from stock ones (a near-tie can go the
     other way), so their data get their own folder; stock runs keep the names they always had. Dropping
-    finished rows (--finished-rows drop) rounds differently too; keeping them keeps the old names."""
+    finished rows (--finished-rows drop) rounds differently too; keeping them keeps the old names. So does
+    --sampler multinomial, the draws made before the choice."""
     fields = dict(format=DATA_FORMAT, target=target_name, seed=args.seed, p=args.prompts_per_category, h=args.heldout_per_category,
                   t=args.max_new_tokens, b=args.batch_size, g=args.greedy_fraction, temp=args.temperature)
     if packed:
         fields["kernels"] = "packed"
     if args.finished_rows == "drop":
         fields["rows"] = "drop"
+    if args.sampler != "multinomial":
+        fields["sampler"] = args.sampler
     if args.max_prompt_tokens != DEFAULTS["max_prompt_tokens"]:
         fields["prompt_tokens"] = args.max_prompt_tokens
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
@@ -273,9 +287,12 @@ def _run(args, argv) -> int:
         return 0
     # Training and evaluation time is kept per training configuration: runs with other steps or
     # sizes over the same data share the work folder, and a card reports only its own run.
-    run_key = phases.train_key(args)
+    from distill.train import resolve_precision
+
+    precision = resolve_precision(args.train_precision, device)
+    run_key = phases.train_key(args, precision)
     with timings.phase(f"train {run_key}"):
-        model, vocab_map, facts = phases.train(args, target, data, work, device)
+        model, vocab_map, facts = phases.train(args, target, data, work, device, precision)
     if args.stop_after == "train":
         return 0
     with timings.phase(f"evaluate {run_key}"):

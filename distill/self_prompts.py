@@ -95,7 +95,7 @@ def _grams(words: list[str], n: int = 8) -> set[tuple[str, ...]]:
 def write_prompts(model, tokenizer, eos_ids: Sequence[int], n_per_category: int, seed: int, batch_size: int,
                   path: Path, keep: Callable[[str], bool], progress: Callable[[int], None] = lambda n: None,
                   planned: Callable[[int], None] = lambda n: None, rounds: int = 4,
-                  drop_finished_rows: bool = True) -> list[Prompt]:
+                  drop_finished_rows: bool = True, sampler: str = "inverse-cdf") -> list[Prompt]:
     """n_per_category requests per category written by the target, kept in `path` (JSON) so that a resumed
     run reads them back instead of sampling again. Each round samples what is still missing, plus a
     margin for the requests the filters drop; a category that is still short after `rounds` keeps what it has.
@@ -126,7 +126,8 @@ def write_prompts(model, tokenizer, eos_ids: Sequence[int], n_per_category: int,
             batch = rows[start:start + batch_size]
             long = any(r["category"] in LONG for r in batch)
             plan = GenerationPlan(max_new_tokens=MAX_TOKENS[long], batch_size=batch_size, top_k_stored=1,
-                                  temperature=WRITE_TEMPERATURE, drop_finished_rows=drop_finished_rows)
+                                  temperature=WRITE_TEMPERATURE, drop_finished_rows=drop_finished_rows,
+                                  sampler=sampler)
             generator = torch.Generator(device=model.device).manual_seed(seed * 1_000_003 + batch_number)
             batch_number += 1
             for row in generate_batch(model, batch, plan, eos_ids, pad_id, generator):

@@ -572,7 +572,8 @@ def test_packed_generations_get_their_own_work_folder():
     assert data_key(args, "t", packed=False) == data_key(args, "t")
 
 
-def test_rows_dropped_when_finished_leave_every_answer_as_it_was(tiny_models, monkeypatch):
+@pytest.mark.parametrize("sampler", ["inverse-cdf", "multinomial"])
+def test_rows_dropped_when_finished_leave_every_answer_as_it_was(tiny_models, monkeypatch, sampler):
     """A batch drops its finished rows from the forward and the cache (`--finished-rows drop`): every row,
     greedy or sampled, gets the tokens it gets when all rows run to the end, and the same features and
     log-probs to float rounding (a smaller batch rounds some positions in the last bit)."""
@@ -588,13 +589,13 @@ def test_rows_dropped_when_finished_leave_every_answer_as_it_was(tiny_models, mo
                         lambda self, indices: (drops.append(len(indices)), original(self, indices))[1])
     for temperature in (0.0, 0.8):
         batch = [dict(prompt_ids=p, temperature=temperature, index=i, category="qa") for i, p in enumerate(prompts)]
-        plan = GenerationPlan(max_new_tokens=12, temperature=temperature)
+        plan = GenerationPlan(max_new_tokens=12, temperature=temperature, sampler=sampler)
         # End-of-sequence ids the rows reach at different steps: tokens some rows produce early and others never.
         full = generate_batch(target.model, batch, GenerationPlan(max_new_tokens=12, drop_finished_rows=False),
                               [1_000_000], 0, torch.Generator().manual_seed(4))
         eos = sorted({row["response_ids"][2 + r % 5] for r, row in enumerate(full[:4])})
         kept = generate_batch(target.model, batch, GenerationPlan(max_new_tokens=12, temperature=temperature,
-                                                                  drop_finished_rows=False),
+                                                                  drop_finished_rows=False, sampler=sampler),
                               eos, 0, torch.Generator().manual_seed(4))
         drops.clear()
         dropped = generate_batch(target.model, batch, plan, eos, 0, torch.Generator().manual_seed(4))
@@ -621,9 +622,120 @@ def test_kept_rows_find_the_work_folders_made_before_the_option():
                "--steps 1500 --lr 3e-3 --passes 2 --train-batch-tokens 2048 --storage int8").split()
     name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert parser.parse_args(shipped).finished_rows == "drop"
-    assert data_key(parser.parse_args(shipped + ["--finished-rows", "keep"]), name, packed=True) == \
-        f"{name}-seed0-712e44eb25"
-    assert data_key(parser.parse_args(shipped), name, packed=True) != f"{name}-seed0-712e44eb25"
+    old = ["--finished-rows", "keep", "--sampler", "multinomial"]
+    assert data_key(parser.parse_args(shipped + old), name, packed=True) == f"{name}-seed0-712e44eb25"
+    assert data_key(parser.parse_args(shipped + old[2:]), name, packed=True) != f"{name}-seed0-712e44eb25"
+
+
+def test_each_sampler_gets_its_own_work_folder():
+    """Draws made with torch.multinomial (every work folder before --sampler) keep their folder's name;
+    the default inverse-CDF draws, being other draws, get their own."""
+    import argparse
+
+    from distill.run import DATA_FORMAT, add_arguments, data_key
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--out", "x"]
+    assert parser.parse_args(base).sampler == "inverse-cdf"
+    keys = {s: data_key(parser.parse_args(base + ["--finished-rows", "keep", "--sampler", s]), "t")
+            for s in ("inverse-cdf", "multinomial")}
+    assert keys["multinomial"] != keys["inverse-cdf"]
+    # The names made before the option: no "sampler" field hashed in.
+    import hashlib
+
+    fields = dict(format=DATA_FORMAT, target="t", seed=0,
+                  p=DEFAULTS["prompts_per_category"], h=DEFAULTS["heldout_per_category"],
+                  t=DEFAULTS["max_new_tokens"], b=DEFAULTS["batch_size"], g=DEFAULTS["greedy_fraction"],
+                  temp=DEFAULTS["temperature"])
+    assert keys["multinomial"] == "t-seed0-" + hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+
+
+@pytest.mark.parametrize("sampler", ["inverse-cdf", "multinomial"])
+def test_a_sampler_draws_each_token_as_often_as_its_probability(sampler):
+    """Both samplers draw from the probabilities they are given: a token's share over many draws is its
+    probability, a token of probability 0 is never drawn (nor the last one, 0 too), and a row's draws do not
+    depend on which other rows are still in the batch."""
+    from distill.generate import draw_tokens
+
+    p = torch.tensor([0.5, 0.0, 0.2, 0.05, 0.25, 0.0])
+    n, steps = 64, 200
+    probs = p.repeat(n, 1)                                                       # [B, V]
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.cat([draw_tokens(probs, torch.arange(n), n, generator, sampler) for _ in range(steps)])
+    share = torch.bincount(draws, minlength=len(p)).float() / len(draws)
+    # 12,800 draws: a share's standard error is at most 0.0045; 5 of them is a failure, not noise.
+    torch.testing.assert_close(share, p, atol=0.023, rtol=0)
+    assert share[1] == 0 and share[5] == 0
+    # Unnormalised rows (a sum that is not exactly 1 in float32) draw the same way.
+    assert set(draw_tokens(probs * 3.0, torch.arange(n), n, generator, sampler).tolist()) <= {0, 2, 3, 4}
+
+    # Rows 1, 4 and 6 of 8, alone, draw what they draw among all 8.
+    mixed = torch.softmax(torch.randn(8, 50, generator=torch.Generator().manual_seed(1)), dim=-1)
+    live = torch.tensor([1, 4, 6])
+    for seed in range(20):
+        full = draw_tokens(mixed, torch.arange(8), 8, torch.Generator().manual_seed(seed), sampler)
+        part = draw_tokens(mixed[live], live, 8, torch.Generator().manual_seed(seed), sampler)
+        assert torch.equal(full[live], part)
+
+
+def test_an_unknown_sampler_is_refused():
+    from distill.generate import draw_tokens
+
+    with pytest.raises(ValueError, match="unknown sampler 'gumbel'; choose one of inverse-cdf, multinomial"):
+        draw_tokens(torch.ones(1, 4) / 4, torch.arange(1), 1, torch.Generator(), "gumbel")
+
+
+def test_auto_precision_trains_in_bf16_only_where_bf16_products_are_native(monkeypatch):
+    from distill import train
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert train.resolve_precision("auto", "cpu") == "fp32"          # AVX2: emulated bf16 is slower
+    assert train.resolve_precision("bf16", "cpu") == "bf16"          # asked for: done, however slow
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert train.resolve_precision("auto", "cpu") == "bf16"
+    assert train.resolve_precision("fp32", "cpu") == "fp32"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert train.resolve_precision("auto", "cpu") == "bf16"
+    with pytest.raises(ValueError, match="unknown training precision 'fp8'"):
+        train.resolve_precision("fp8", "cpu")
+
+
+def test_bf16_training_gets_its_own_checkpoints_and_float32_keeps_its_names():
+    import argparse
+
+    from distill.phases import train_key
+    from distill.run import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--out", "x", "--layers", "2"])
+    args.prompts_source = None
+    assert train_key(args) == train_key(args, "fp32") == "v8192-l2-s300-b1024-lr0.001-kd0.5"
+    assert train_key(args, "bf16") == "v8192-l2-s300-b1024-lr0.001-bf16-kd0.5"
+
+
+@pytest.mark.parametrize("arch", ["lm", "eagle"])
+def test_bf16_training_is_deterministic_and_named_in_the_card(arch, tiny_models, tmp_path):
+    """--train-precision bf16 trains under a bfloat16 autocast: the same seed gives the same weights twice,
+    other weights than float32 training, and the card and distill.json say which precision ran."""
+    from safetensors.torch import load_file
+
+    weights, cards = {}, {}
+    # b starts afresh in a work folder of its own; c shares a's data, and must not resume a's checkpoints.
+    for name, precision, work in (("a", "bf16", "w1"), ("b", "bf16", "w2"), ("c", "fp32", "w1")):
+        out = tmp_path / name
+        assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(out), "--arch", arch,
+                         "--work-dir", str(tmp_path / work), "--train-precision", precision, *TINY_ARGS]) == 0
+        weights[name] = load_file(out / "model.safetensors")
+        cards[name] = (out / "README.md").read_text()
+    assert all(torch.equal(weights["a"][k], weights["b"][k]) for k in weights["a"])
+    assert any(not torch.equal(weights["a"][k], weights["c"][k]) for k in weights["a"])
+    assert "in bfloat16 products (autocast) (`--train-precision bf16`)" in cards["a"]
+    assert "in float32 (`--train-precision fp32`)" in cards["c"]
+    assert "sampled tokens drawn by inverse-cdf (`--sampler`)" in cards["a"]
 
 
 def test_the_cache_goes_under_the_name_the_forward_takes():
