@@ -115,8 +115,9 @@ def loss_fn(logits: torch.Tensor, batch: dict, kd_weight: float) -> tuple[torch.
 
 # --train-precision. "bf16": the forward and its products in bfloat16 under autocast, the weights, the
 # optimizer and the losses' softmaxes in float32. On the 2-core Zen 4 build machine (AVX512-BF16) an EAGLE
-# step of 2,048 tokens took 1.0 s against 1.56 in float32. Where bfloat16 products are emulated (AVX2) they
-# are slower than float32, so "auto" takes bf16 only where the device multiplies bfloat16 natively.
+# step of 2,048 tokens took 0.89 s against 1.37 in float32 (docs/distill.md, "The hour"). Where bfloat16
+# products are emulated (AVX2) they are slower than float32, so "auto" takes bf16 only where the device
+# multiplies bfloat16 natively.
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -126,8 +127,11 @@ def resolve_precision(requested: str, device) -> str:
         raise ValueError(f"unknown training precision {requested!r}; choose one of {', '.join(PRECISIONS)}")
     if requested != "auto":
         return requested
-    if torch.device(device).type == "cuda":
+    kind = torch.device(device).type
+    if kind == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if kind != "cpu":
+        return "fp32"
     cpu = getattr(torch, "cpu", None)
     native = any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
                                                                      "_is_amx_tile_supported"))

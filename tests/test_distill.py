@@ -696,6 +696,7 @@ def test_auto_precision_trains_in_bf16_only_where_bf16_products_are_native(monke
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     assert train.resolve_precision("auto", "cpu") == "bf16"
     assert train.resolve_precision("fp32", "cpu") == "fp32"
+    assert train.resolve_precision("auto", "mps") == "fp32"          # the CPU's probes say nothing of it
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert train.resolve_precision("auto", "cpu") == "bf16"
