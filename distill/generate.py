@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from distill.prompts import Prompt
 from specmesh.models import cache_kwargs
+from specmesh.sampling import sample_rows
 
 
 @dataclass(frozen=True)
@@ -74,16 +75,9 @@ def draw_tokens(probs: torch.Tensor, rows: torch.Tensor, n: int, generator: torc
     """[R, V] probabilities of the R rows still in the batch (`rows`: their rows among the batch's n) ->
     [R] tokens, on the generator's device. Each draw reads what it would read with all n rows present, so
     a row's tokens do not depend on which others have finished."""
-    if sampler == "inverse-cdf":
+    if sampler == "inverse-cdf":   # the services' own draw (specmesh.sampling.sample), a row at a time
         u = torch.rand(n, generator=generator, device=generator.device, dtype=torch.float64)   # [B]
-        u = u[rows.to(generator.device)]                                                   # [R]
-        # float64: a float32 running sum over 49k probabilities drifts in its low bits, moving the ends.
-        cdf = probs.to(generator.device, torch.float64).cumsum(-1)                         # [R, V]
-        total = cdf[:, -1:]                                                                # [R, 1]
-        point = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-        # right=True: the first token whose cumulative sum passes the point, so a token of probability 0
-        # (an empty interval) is never drawn, nor one past the last with any probability.
-        return torch.searchsorted(cdf, point, right=True).squeeze(1)                       # [R]
+        return sample_rows(probs.to(generator.device), u[rows.to(generator.device)])       # [R]
     if sampler != "multinomial":
         raise ValueError(f"unknown sampler {sampler!r}; choose one of {', '.join(SAMPLERS)}")
     probs, rows = probs.to(generator.device), rows.to(generator.device)

@@ -84,6 +84,16 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
     return torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
 
 
+def sample_rows(probs: Tensor, u: Tensor) -> Tensor:
+    """`sample` for a batch: [R, V] probs (each row's sum need not be 1) and [R] uniforms in [0, 1) -> [R]
+    token ids, row r's the id `sample(probs[r], u[r])` draws."""
+    cdf = probs.to(torch.float64).cumsum(-1)                                            # [R, V]
+    total = cdf[:, -1:]                                                                 # [R, 1]
+    # Kept under the total, so a point rounded up to it takes the last token with mass, as `sample` does.
+    point = torch.minimum(u.to(torch.float64)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True).squeeze(1)                        # [R]
+
+
 def sample(probs: Tensor, u: float) -> int:
     """Inverse-CDF draw from a 1-D prob vector [V] with uniform u in [0, 1)."""
     if probs.dim() != 1:

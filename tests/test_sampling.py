@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from specmesh.sampling import SamplingParams, Stream, process_logits, sample, truncate_top_n, uniform
+from specmesh.sampling import SamplingParams, Stream, process_logits, sample, sample_rows, truncate_top_n, uniform
 from specmesh.speculative import Scores, draft_token, residual, score_draft
 
 
@@ -208,3 +208,19 @@ def test_score_draft_shapes_and_values():
     with pytest.raises(ValueError):
         score_draft(p, [1], [torch.tensor([1])], [torch.tensor([1.0])], 5, 10)
     assert math.isfinite(s.target_probs[0])
+
+
+def test_sample_rows_draws_what_sample_draws_row_by_row():
+    """The batched draw (distill's data) is the services' one-row draw: the same token for every row and
+    uniform, at the ends of [0, 1) too, with zero-probability tokens first, last and between."""
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(64, 40, generator=gen)
+    probs[probs < 0.4] = 0.0
+    probs[:, 0], probs[:, -1] = 0.0, 0.0
+    probs[0] = 0.0
+    probs[0, 7] = 1e-30                                                  # one token, and a tiny one
+    u = torch.rand(64, generator=gen, dtype=torch.float64)
+    u[1], u[2] = 0.0, 1.0 - 2.0 ** -53
+    rows = sample_rows(probs, u)
+    assert rows.tolist() == [sample(probs[r], float(u[r])) for r in range(64)]
+    assert bool((probs[torch.arange(64), rows] > 0).all())
