@@ -85,28 +85,26 @@ def process_logits(logits: Tensor, params: SamplingParams) -> Tensor:
 
 
 def sample_rows(probs: Tensor, u: Tensor) -> Tensor:
-    """`sample` for a batch: [R, V] probs (each row's sum need not be 1) and [R] uniforms in [0, 1) -> [R]
-    token ids, row r's the id `sample(probs[r], u[r])` draws."""
+    """Inverse-CDF draws for a batch: [R, V] probs (each row's sum need not be 1) and [R] uniforms in [0, 1)
+    -> [R] token ids. `sample` is its one-row case; distill's data draw whole batches with it."""
     cdf = probs.to(torch.float64).cumsum(-1)                                            # [R, V]
     total = cdf[:, -1:]                                                                 # [R, 1]
-    # Kept under the total, so a point rounded up to it takes the last token with mass, as `sample` does.
-    point = torch.minimum(u.to(torch.float64)[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, point, right=True).squeeze(1)                        # [R]
+    if not bool((total > 0).all()):
+        raise ValueError("sample: probabilities sum to zero")
+    # First index with cdf > u*total: a zero-prob token never owns a CDF step.
+    idx = torch.searchsorted(cdf, u.to(torch.float64)[:, None] * total, right=True).squeeze(1)   # [R]
+    past = idx >= probs.shape[-1]
+    if bool(past.any()):  # rounding at u -> 1: take the last token with mass
+        last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)              # [R]
+        idx = torch.where(past, last, idx)
+    return idx
 
 
 def sample(probs: Tensor, u: float) -> int:
     """Inverse-CDF draw from a 1-D prob vector [V] with uniform u in [0, 1)."""
     if probs.dim() != 1:
         raise ValueError(f"sample expects a 1-D prob vector, got shape {tuple(probs.shape)}")
-    cdf = probs.to(torch.float64).cumsum(0)                                             # [V]
-    total = cdf[-1]
-    if not total > 0:
-        raise ValueError("sample: probabilities sum to zero")
-    # First index with cdf > u*total: a zero-prob token never owns a CDF step.
-    idx = int(torch.searchsorted(cdf, (u * total).reshape(1), right=True).item())
-    if idx >= probs.shape[0]:  # rounding at u -> 1: take the last token with mass
-        idx = int(torch.nonzero(probs > 0)[-1].item())
-    return idx
+    return int(sample_rows(probs[None], torch.tensor([u], dtype=torch.float64))[0])
 
 
 def truncate_top_n(probs: Tensor, n: int) -> tuple[Tensor, Tensor]:

@@ -634,8 +634,14 @@ def test_each_sampler_gets_its_own_work_folder():
 
     from distill.run import DATA_FORMAT, add_arguments, data_key
 
+    from distill.generate import SAMPLERS
+    from distill.train import PRECISIONS
+
     parser = argparse.ArgumentParser()
     add_arguments(parser)
+    # run.py names the choices without importing torch; they are the modules' own.
+    choices = {a.dest: tuple(a.choices) for a in parser._actions if a.dest in ("sampler", "train_precision")}
+    assert choices == {"sampler": SAMPLERS, "train_precision": PRECISIONS}
     base = ["--out", "x"]
     assert parser.parse_args(base).sampler == "inverse-cdf"
     keys = {s: data_key(parser.parse_args(base + ["--finished-rows", "keep", "--sampler", s]), "t")
