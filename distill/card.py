@@ -64,6 +64,8 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
                 "decoder layer(s) and its final norm")
         loss = (f"loss = {1 - args.kd_weight:.2f} x cross-entropy on the target's tokens + {args.kd_weight:.2f} x "
                 "cross-entropy against its top-16 distribution")
+    generation_precision = ("in bfloat16 products" if facts.get("generation_precision") == "bf16"
+                            else "in float32")
     precision = facts.get("train_precision", "fp32")
     precision = "bfloat16 products (autocast)" if precision == "bf16" else "float32"
     training = (f"training: {args.steps} AdamW steps of about {args.train_batch_tokens} tokens, lr {args.lr} "
@@ -93,8 +95,9 @@ def render(*, args, argv, target_info, vocab_map, facts, report, timings, data, 
 - data: the target's own answers to {data_sources}; no Spec-Bench question, nothing downloaded. {100 * greedy_share:.0f}% answered greedily, the rest sampled at temperature
   {args.temperature}; at most {args.max_new_tokens} new tokens; {facts['train_tokens']} answer tokens,
   with the target's top-16 log-probabilities at each; generated with {facts.get('generation_kernels', 'stock')} linear
-  kernels (`--generation-kernels`), finished rows {'dropped from' if args.finished_rows == 'drop' else 'kept in'}
-  their batch (`--finished-rows`), sampled tokens drawn by {args.sampler} (`--sampler`).
+  kernels (`--generation-kernels`) {generation_precision} (`--generation-precision {args.generation_precision}`), finished
+  rows {'dropped from' if args.finished_rows == 'drop' else 'kept in'} their batch (`--finished-rows`), sampled tokens drawn by {args.sampler} (`--sampler`);
+  held-out answers in float32.
 - vocabulary: the {len(vocab_map.draft_to_target)} {vocab_source}; they cover
   {100 * facts['vocab_coverage']:.1f}% of the tokens of the held-out answers.
 - initialisation: {init}.

@@ -8,6 +8,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from distill.generate import GenerationPlan, generate_shards, load_examples
+from distill.precision import products_in
 from distill.prompts import CATEGORIES, Prompt, build_prompts
 
 log = logging.getLogger("specmesh.distill")
@@ -36,7 +37,9 @@ def split_prompts(args) -> tuple[list[Prompt], list[Prompt]]:
     return train, heldout
 
 
-def make_data(args, target, work: Path) -> Data:
+def make_data(args, target, work: Path, precision: str = "fp32") -> Data:
+    """The target's generations: training data with its products in `precision` (the resolved
+    --generation-precision), held-out answers always in float32, the target the verifier serves."""
     train_prompts, heldout_prompts = split_prompts(args)
     drop = args.finished_rows == "drop"
     plan = GenerationPlan(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
@@ -47,14 +50,15 @@ def make_data(args, target, work: Path) -> Data:
     limit = args.max_train_batches
     total = min(len(train_prompts), limit * plan.batch_size if limit else len(train_prompts)) + len(heldout_prompts)
     with tqdm(total=total, desc="target generations", unit="prompt", dynamic_ncols=True) as bar:
-        train_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, train_prompts,
-                                      work / "data" / "train", plan, args.seed, bar.update, limit=limit)
+        with products_in(target.model, precision):
+            train_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, train_prompts,
+                                          work / "data" / "train", plan, args.seed, bar.update, limit=limit)
         heldout_paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, heldout_prompts,
                                         work / "data" / "heldout", heldout_plan, args.seed + 1, bar.update)
     train, heldout = load_examples(train_paths), load_examples(heldout_paths)
-    self_written = _self_written_data(args, target, work, plan)
+    self_written = _self_written_data(args, target, work, plan, precision)
     train += self_written
-    from_file, heldout_from_file, file_facts = _prompts_file_data(args, target, work, plan, heldout_plan)
+    from_file, heldout_from_file, file_facts = _prompts_file_data(args, target, work, plan, heldout_plan, precision)
     train += from_file
     heldout += heldout_from_file
     tokens = sum(len(e["response_ids"]) for e in train)
@@ -62,8 +66,8 @@ def make_data(args, target, work: Path) -> Data:
     return Data(train, heldout, len(train), len(heldout), len(self_written), file_facts)
 
 
-def _prompts_file_data(args, target, work: Path, plan: GenerationPlan,
-                       heldout_plan: GenerationPlan) -> tuple[list[dict], list[dict], dict | None]:
+def _prompts_file_data(args, target, work: Path, plan: GenerationPlan, heldout_plan: GenerationPlan,
+                       precision: str = "fp32") -> tuple[list[dict], list[dict], dict | None]:
     """The target's answers to the requests of --prompts-file (distill.prompts_file): training answers,
     held-out answers (greedy, for the card) and what the card says about the file. Like the self-written
     requests they live in a folder of their own, named for the file's bytes."""
@@ -73,8 +77,9 @@ def _prompts_file_data(args, target, work: Path, plan: GenerationPlan,
     folder = work / "data" / source.folder_name
     with tqdm(total=len(source.train) + len(source.heldout), desc="target answers --prompts-file", unit="prompt",
               dynamic_ncols=True) as bar:
-        train = load_examples(generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, source.train,
-                                              folder / "train", plan, args.seed + 4, bar.update))
+        with products_in(target.model, precision):
+            train = load_examples(generate_shards(target.model, target.tokenizer, target.info.eos_token_ids,
+                                                  source.train, folder / "train", plan, args.seed + 4, bar.update))
         heldout = load_examples(generate_shards(target.model, target.tokenizer, target.info.eos_token_ids,
                                                 source.heldout, folder / "heldout", heldout_plan, args.seed + 5,
                                                 bar.update))
@@ -92,7 +97,7 @@ def _prompts_file_data(args, target, work: Path, plan: GenerationPlan,
     return train, heldout, facts
 
 
-def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[dict]:
+def _self_written_data(args, target, work: Path, plan: GenerationPlan, precision: str = "fp32") -> list[dict]:
     """Answers to requests the target wrote itself (distill.self_prompts), training only. They live in
     their own folder under the work folder, so adding them reuses the template answers already there."""
     n = args.self_prompts_per_category
@@ -103,7 +108,8 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
 
     folder = work / "data" / f"self-{n}"
     folder.mkdir(parents=True, exist_ok=True)
-    with tqdm(total=0, desc="target writes requests", unit="request", dynamic_ncols=True) as bar:
+    with tqdm(total=0, desc="target writes requests", unit="request", dynamic_ncols=True) as bar, \
+            products_in(target.model, precision):
         def planned(rows: int) -> None:          # each round adds what it will sample to the bar
             bar.total += rows
             bar.refresh()
@@ -111,7 +117,8 @@ def _self_written_data(args, target, work: Path, plan: GenerationPlan) -> list[d
         prompts = write_prompts(target.model, target.tokenizer, target.info.eos_token_ids, n, args.seed + 2,
                                 args.batch_size, folder / "prompts.json", BenchFilter(spec_bench.QUESTIONS), bar.update,
                                 planned, drop_finished_rows=plan.drop_finished_rows, sampler=plan.sampler)
-    with tqdm(total=len(prompts), desc="target answers them", unit="prompt", dynamic_ncols=True) as bar:
+    with tqdm(total=len(prompts), desc="target answers them", unit="prompt", dynamic_ncols=True) as bar, \
+            products_in(target.model, precision):
         paths = generate_shards(target.model, target.tokenizer, target.info.eos_token_ids, prompts,
                                 folder / "answers", plan, args.seed + 3, bar.update)
     examples = load_examples(paths)

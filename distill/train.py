@@ -113,31 +113,6 @@ def loss_fn(logits: torch.Tensor, batch: dict, kd_weight: float) -> tuple[torch.
     return loss, dict(loss=loss.item(), hard=hard.item(), soft=soft.item(), acc=acc.item())
 
 
-# --train-precision. "bf16": the forward and its products in bfloat16 under autocast, the weights, the
-# optimizer and the losses' softmaxes in float32. On the 2-core Zen 4 build machine (AVX512-BF16) an EAGLE
-# step of 2,048 tokens took 0.89 s against 1.37 in float32 (docs/distill.md, "The hour"). Where bfloat16
-# products are emulated (AVX2) they are slower than float32, so "auto" takes bf16 only where the device
-# multiplies bfloat16 natively.
-PRECISIONS = ("auto", "fp32", "bf16")
-
-
-def resolve_precision(requested: str, device) -> str:
-    """--train-precision for `device`: "fp32" or "bf16" ("auto": bf16 where its products are native)."""
-    if requested not in PRECISIONS:
-        raise ValueError(f"unknown training precision {requested!r}; choose one of {', '.join(PRECISIONS)}")
-    if requested != "auto":
-        return requested
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if kind != "cpu":
-        return "fp32"
-    cpu = getattr(torch, "cpu", None)
-    native = any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
-                                                                     "_is_amx_tile_supported"))
-    return "bf16" if native else "fp32"
-
-
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -161,7 +136,8 @@ def train(model, examples: Sequence, *, steps: int, batch_tokens: int, lr: float
 
     `collate_fn(examples, device)` and `loss_of(model, batch)` default to the plain draft's; the
     parameters `trainable(name)` rejects stay frozen (an EAGLE draft keeps the target's rows).
-    `precision`: "fp32" or "bf16" (PRECISIONS, resolved)."""
+    `precision`: "fp32" or "bf16" (distill.precision, resolved): bf16 runs the forward under a bfloat16
+    autocast; the weights, the optimizer and the losses' softmaxes stay float32."""
     loss_of = loss_of or draft_loss(kd_weight)
     plan = schedule(examples, steps, batch_tokens, seed)
     model.to(device).train()

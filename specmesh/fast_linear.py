@@ -106,6 +106,13 @@ class PackedLinear(nn.Module):
             self.packed_bias = None if self.bias is None else self.bias.detach().to(torch.bfloat16)
         self.bf16 = True
 
+    def use_fp32(self) -> None:
+        """Undo use_bf16: the weight packed in float32 again, as at construction."""
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
+        self.packed_bias = None
+        self.bf16 = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:      # [..., in] -> [..., out]
         if x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)

@@ -6,6 +6,7 @@ default target is covered by tests/test_distilled_default.py.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -31,7 +32,9 @@ if not BENCH.exists():      # a clone outside the workspace (CI's) has no ../sha
 
 TINY_ARGS = ["--prompts-per-category", "1", "--heldout-per-category", "1", "--max-new-tokens", "12",
              "--batch-size", "8", "--vocab", "24", "--layers", "1", "--steps", "8", "--train-batch-tokens", "512",
-             "--checkpoint-every", "4", "--seed", "3", "--threads", "1"]
+             "--checkpoint-every", "4", "--seed", "3", "--threads", "1",
+             # "auto" is bf16 on a CPU with native bf16 products: pinned, so a test's data are the same on any CPU.
+             "--generation-precision", "fp32"]
 
 
 @pytest.fixture(scope="module")
@@ -635,13 +638,14 @@ def test_each_sampler_gets_its_own_work_folder():
     from distill.run import DATA_FORMAT, add_arguments, data_key
 
     from distill.generate import SAMPLERS
-    from distill.train import PRECISIONS
+    from distill.precision import PRECISIONS
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     # run.py names the choices without importing torch; they are the modules' own.
-    choices = {a.dest: tuple(a.choices) for a in parser._actions if a.dest in ("sampler", "train_precision")}
-    assert choices == {"sampler": SAMPLERS, "train_precision": PRECISIONS}
+    choices = {a.dest: tuple(a.choices) for a in parser._actions
+               if a.dest in ("sampler", "train_precision", "generation_precision")}
+    assert choices == {"sampler": SAMPLERS, "train_precision": PRECISIONS, "generation_precision": PRECISIONS}
     base = ["--out", "x"]
     assert parser.parse_args(base).sampler == "inverse-cdf"
     keys = {s: data_key(parser.parse_args(base + ["--finished-rows", "keep", "--sampler", s]), "t")
@@ -693,7 +697,7 @@ def test_an_unknown_sampler_is_refused():
 
 
 def test_auto_precision_trains_in_bf16_only_where_bf16_products_are_native(monkeypatch):
-    from distill import train
+    from distill import precision as train
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -706,7 +710,7 @@ def test_auto_precision_trains_in_bf16_only_where_bf16_products_are_native(monke
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert train.resolve_precision("auto", "cpu") == "bf16"
-    with pytest.raises(ValueError, match="unknown training precision 'fp8'"):
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; choose one of auto, fp32, bf16"):
         train.resolve_precision("fp8", "cpu")
 
 
@@ -743,6 +747,76 @@ def test_bf16_training_is_deterministic_and_named_in_the_card(arch, tiny_models,
     assert "in bfloat16 products (autocast) (`--train-precision bf16`)" in cards["a"]
     assert "in float32 (`--train-precision fp32`)" in cards["c"]
     assert "sampled tokens drawn by inverse-cdf (`--sampler`)" in cards["a"]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_bf16_products_change_the_forward_only_inside_the_block(tiny_models, packed):
+    """products_in(model, "bf16"): pre-packed layers repacked in bfloat16, or a bfloat16 autocast for any
+    other model; outside the block the forward has its float32 bits again, over the same Parameters."""
+    from distill.precision import products_in
+    from specmesh.fast_linear import packed_while
+
+    model = load_model(str(tiny_models["target"])).model
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ids = torch.tensor([[5, 9, 13, 17, 21, 25], [7, 8, 30, 31, 32, 33]])
+
+    def logits():
+        with torch.inference_mode():
+            return model(input_ids=ids).logits.float()
+
+    with packed_while(model) if packed else contextlib.nullcontext():
+        before = logits()
+        with products_in(model, "fp32"):
+            assert torch.equal(logits(), before)
+        with products_in(model, "bf16"):
+            inside = logits()
+        after = logits()
+    assert not torch.equal(inside, before)
+    assert (inside - before).abs().max() <= 0.1 * before.abs().max()     # rounded, not another model
+    assert torch.equal(after, before)
+    assert all(torch.equal(p, params[name]) for name, p in model.named_parameters())
+
+
+def test_bf16_generation_keeps_the_heldout_answers_in_float32(tiny_models, tmp_path):
+    """--generation-precision bf16: the training data (template answers, the requests the target writes
+    and its answers to them) come from bfloat16 products, in a work folder of their own; the held-out
+    answers the card measures on are the float32 target's, bit for bit the answers of an fp32 run."""
+    import argparse
+
+    from distill.run import add_arguments, data_key
+
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        work = tmp_path / f"work-{precision}"
+        assert cli.main(["distill", "--target", str(tiny_models["target"]), "--out", str(tmp_path / precision),
+                         "--work-dir", str(work), *TINY_ARGS, "--self-prompts-per-category", "1",
+                         "--generation-precision", precision]) == 0
+        runs[precision] = {part: [e for path in sorted((work / "data").glob(f"{part}/shard-*.pt"))
+                                  for e in torch.load(path, weights_only=False)]
+                           for part in ("train", "heldout", "self-1/answers")}
+        runs[precision]["written"] = json.loads((work / "data" / "self-1" / "prompts.json").read_text())
+        runs[precision]["card"] = (tmp_path / precision / "README.md").read_text()
+        runs[precision]["facts"] = json.loads((tmp_path / precision / "distill.json").read_text())["facts"]
+    fp32, bf16 = runs["fp32"], runs["bf16"]
+    assert len(fp32["heldout"]) == len(bf16["heldout"]) > 0
+    for a, b in zip(fp32["heldout"], bf16["heldout"]):
+        assert a["response_ids"] == b["response_ids"]
+        assert torch.equal(a["features"], b["features"])
+    # The training data did come from other products: some feature differs (to bf16's rounding).
+    assert len(fp32["train"]) == len(bf16["train"]) > 0
+    assert any(not torch.equal(a["features"], b["features"]) for a, b in zip(fp32["train"], bf16["train"])
+               if a["response_ids"] == b["response_ids"])
+    assert bf16["written"] and bf16["self-1/answers"]
+    assert bf16["facts"]["generation_precision"] == "bf16" and fp32["facts"]["generation_precision"] == "fp32"
+    assert "kernels (`--generation-kernels`) in bfloat16 products (`--generation-precision bf16`)" in bf16["card"]
+    assert "in float32 (`--generation-precision fp32`)" in fp32["card"]
+    assert "held-out answers in float32." in bf16["card"]
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--out", "x"])
+    assert args.generation_precision == "auto"
+    assert data_key(args, "t", True, "bf16") != data_key(args, "t", True, "fp32") == data_key(args, "t", True)
 
 
 def test_the_cache_goes_under_the_name_the_forward_takes():
