@@ -278,13 +278,16 @@ def _run(args, argv) -> int:
                            f"user's request into it); {target.info.name} has none")
     args.prompts_source = _read_prompts_file(args, target.tokenizer.chat_template is not None)
     _check_start_fits(args, target.info)
-    from specmesh.fast_linear import available, packed_while
+    from specmesh.fast_linear import available, bf16_available, packed_while
 
     from distill.precision import resolve_precision
 
     torch.manual_seed(args.seed)
     packed = args.generation_kernels == "packed" and available(target.model)
     generation_precision = resolve_precision(args.generation_precision, device)
+    if generation_precision == "bf16" and packed and not bf16_available():
+        raise DistillError("--generation-precision bf16: this CPU's oneDNN has no bfloat16 products for the "
+                           "pre-packed weights; add --generation-kernels stock (torch's own bfloat16 products) or use fp32")
     work = args.work_dir or cache_dir() / "distill" / data_key(args, target.info.name, packed, generation_precision)
     work.mkdir(parents=True, exist_ok=True)
     log.info("work folder %s (run the same command again to resume)", work)

@@ -751,8 +751,9 @@ def test_bf16_training_is_deterministic_and_named_in_the_card(arch, tiny_models,
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_bf16_products_change_the_forward_only_inside_the_block(tiny_models, packed):
-    """products_in(model, "bf16"): pre-packed layers repacked in bfloat16, or a bfloat16 autocast for any
-    other model; outside the block the forward has its float32 bits again, over the same Parameters."""
+    """products_in(model, "bf16"): pre-packed layers repacked in bfloat16, any other linear layer swapped for
+    one over a bfloat16 copy of its weight; outside the block the forward has its float32 bits again, over
+    the same Parameters and modules."""
     from distill.precision import products_in
     from specmesh.fast_linear import packed_while
 
@@ -765,16 +766,19 @@ def test_bf16_products_change_the_forward_only_inside_the_block(tiny_models, pac
             return model(input_ids=ids).logits.float()
 
     with packed_while(model) if packed else contextlib.nullcontext():
+        modules = [type(m) for m in model.modules()]
         before = logits()
         with products_in(model, "fp32"):
             assert torch.equal(logits(), before)
         with products_in(model, "bf16"):
             inside = logits()
         after = logits()
+        modules_after = [type(m) for m in model.modules()]
     assert not torch.equal(inside, before)
     assert (inside - before).abs().max() <= 0.1 * before.abs().max()     # rounded, not another model
     assert torch.equal(after, before)
     assert all(torch.equal(p, params[name]) for name, p in model.named_parameters())
+    assert modules_after == modules
 
 
 def test_bf16_generation_keeps_the_heldout_answers_in_float32(tiny_models, tmp_path):
@@ -817,6 +821,19 @@ def test_bf16_generation_keeps_the_heldout_answers_in_float32(tiny_models, tmp_p
     args = parser.parse_args(["--out", "x"])
     assert args.generation_precision == "auto"
     assert data_key(args, "t", True, "bf16") != data_key(args, "t", True, "fp32") == data_key(args, "t", True)
+
+
+def test_bf16_generation_on_a_cpu_without_onednn_bf16_stops_before_the_data(tiny_models, tmp_path, capsys,
+                                                                             monkeypatch):
+    from specmesh import fast_linear
+
+    monkeypatch.setattr(fast_linear, "bf16_available", lambda: False)
+    argv = ["distill", "--target", str(tiny_models["target"]), "--out", str(tmp_path / "out"),
+            "--work-dir", str(tmp_path / "work"), *TINY_ARGS, "--generation-precision", "bf16"]
+    assert cli.main(argv) == 2
+    assert "--generation-precision bf16: this CPU's oneDNN has no bfloat16 products" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work" / "data").exists()
+    assert cli.main(argv + ["--generation-kernels", "stock", "--stop-after", "data"]) == 0   # torch's bf16 products
 
 
 def test_the_cache_goes_under_the_name_the_forward_takes():
