@@ -3,7 +3,8 @@
 
 "bf16" multiplies in bfloat16 where it is native and keeps everything else in float32. On the 2-core
 Zen 4 build machine (AVX512-BF16) an EAGLE training step of 2,048 tokens took 0.89 s against 1.37 in
-float32, and a 48-row greedy decode step of the target 1.29x less time (docs/distill.md, "The hour").
+float32, and the target generated greedy answers in 48-row batches 1.27-1.29x faster (docs/distill.md,
+"The hour: the target's products in bfloat16").
 Where bfloat16 products are emulated (AVX2) they are slower than float32, so "auto" takes bf16 only
 where the device multiplies bfloat16 natively.
 """
