@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "token of the vocabulary and row: how work folders made before this option were generated)")
     p.add_argument("--generation-precision", choices=("auto", "fp32", "bf16"), default="auto",  # precision.PRECISIONS
                    help="the target's linear products while it generates training data (its answers, and the "
-                        "requests it writes): bf16 (1.29x the greedy answer tokens/s on this project's "
+                        "requests it writes): bf16 (1.27-1.29x the greedy answer tokens/s on this project's "
                         "AVX512-BF16 build machine; the weights, attention and sampling stay float32), fp32 (how "
                         "work folders made before this option were generated), or auto: bf16 where the device "
                         "multiplies bfloat16 natively, else fp32. The held-out answers the card measures "
