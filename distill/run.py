@@ -119,7 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with --steps 0, only measures it on the held-out requests")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"],
                    help="optimizer steps (0 with --init-from: measure that draft, train nothing)")
-    p.add_argument("--train-precision", choices=("auto", "fp32", "bf16"), default="auto",  # train.PRECISIONS
+    p.add_argument("--train-precision", choices=("auto", "fp32", "bf16"), default="auto",  # precision.PRECISIONS
                    help="the training forward's products: bf16 (autocast; weights, optimizer and softmaxes stay "
                         "float32; 1.54x faster steps on this project's AVX512-BF16 build machine), fp32, or auto: "
                         "bf16 where the device multiplies bfloat16 natively (AVX512-BF16 or AMX CPUs, CUDA GPUs "

@@ -85,18 +85,16 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, invariant: bool = False):
         super().__init__()
-        self.bf16 = False
         # Batch-invariant numerics (specmesh/invariant.py): a lone row goes through oneDNN too, doubled,
         # since oneDNN gives every row the same bits for any M >= 2 and MKL's M = 1 path rounds otherwise.
         self.invariant = invariant
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight      # the same Parameter: ties (lm_head = embedding) survive
         self.bias = linear.bias
-        with torch.no_grad():
-            # A buffer, not a Parameter: it is derived, and must not show up in state_dict.
-            self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
-                                 persistent=False)
+        # A buffer, not a Parameter: it is derived, and must not show up in state_dict.
+        self.register_buffer("packed", None, persistent=False)
         self.packed_bias: torch.Tensor | None = None      # bf16: the bias in the weight's dtype
+        self.use_fp32()
         self.min_rows = 2                                  # see choose_min_rows
 
     def use_bf16(self) -> None:
@@ -107,7 +105,7 @@ class PackedLinear(nn.Module):
         self.bf16 = True
 
     def use_fp32(self) -> None:
-        """Undo use_bf16: the weight packed in float32 again, as at construction."""
+        """The weight packed in float32 (how a layer starts; undoes use_bf16)."""
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
         self.packed_bias = None
